@@ -110,6 +110,9 @@ class Summary:
     window_end_s: float
     duration_s: float
     offered_rate: float | None
+    # The rate of this draw of the arrival process (a Poisson draw of n gaps varies
+    # around the offered rate) against the rate the client really sent at.
+    scheduled_rate: float
     achieved_send_rate: float
     request_throughput: float
     output_throughput: float
@@ -160,6 +163,14 @@ def _finite(obj: Any) -> Any:
     if isinstance(obj, list | tuple):
         return [_finite(v) for v in obj]
     return obj
+
+
+def _rate_of(times: Sequence[float]) -> float:
+    """Events per second over the span of ``times`` ((n - 1) gaps)."""
+    if len(times) < 2:
+        return 0.0
+    span = max(times) - min(times)
+    return (len(times) - 1) / span if span > 0 else 0.0
 
 
 def _reason(record: RequestRecord) -> str:
@@ -230,9 +241,8 @@ def summarize(
     duration = max(end - start, 0.0)
     per_s = (1.0 / duration) if duration > 0 else 0.0
 
-    dispatched = sorted(r.dispatched_s for r in measured if r.dispatched_s is not None)
-    span = dispatched[-1] - dispatched[0] if len(dispatched) > 1 else 0.0
-    achieved_send = (len(dispatched) - 1) / span if span > 0 else 0.0
+    dispatched = [r.dispatched_s for r in measured if r.dispatched_s is not None]
+    achieved_send = _rate_of(dispatched)
     lags = [lag for r in measured if (lag := r.send_lag_s) is not None]
 
     good = [r for r in ok if _good(r, slo)]
@@ -251,6 +261,7 @@ def summarize(
         window_end_s=end,
         duration_s=duration,
         offered_rate=offered_rate,
+        scheduled_rate=_rate_of([r.scheduled_s for r in measured]),
         achieved_send_rate=achieved_send,
         request_throughput=len(ok) * per_s,
         output_throughput=out_tokens * per_s,

@@ -73,6 +73,7 @@ def test_send_lag_and_achieved_rate() -> None:
     s = summarize(recs, offered_rate=1.0)
     assert s.send_lag_p99_s == pytest.approx(0.002)
     assert s.achieved_send_rate == pytest.approx(1.0)
+    assert s.scheduled_rate == pytest.approx(1.0)
 
 
 def test_to_dict_is_json_safe() -> None:

@@ -137,7 +137,8 @@ def summary_tables(summary: Summary, *, title: str) -> list[Table]:
     rate = "unlimited" if summary.offered_rate in (None, math.inf) else f"{summary.offered_rate:g}"
     rows = [
         ("Offered rate (req/s)", rate),
-        ("Achieved send rate (req/s)", f"{summary.achieved_send_rate:.2f}"),
+        ("Scheduled / achieved send rate (req/s)",
+         f"{summary.scheduled_rate:.2f} / {summary.achieved_send_rate:.2f}"),
         ("Measured requests", f"{summary.num_measured}"),
         ("Successful / failed", f"{summary.num_completed} / {summary.num_failed}"),
         ("Warm-up excluded", f"{summary.num_warmup_excluded}"),

@@ -140,3 +140,15 @@ def test_console_script_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune", "bench", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "--slo-p99" in proc.stdout
+
+
+def test_vllm_result_layout(fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
+    from autotune.vllm_results import load_vllm_results
+    server = fake_server()
+    out = tmp_path / "vllm.json"
+    code, _, stderr = bench(*synthetic(server.url, "--output", str(out), "--format", "vllm"))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["completed"] == 30 and data["total_output_tokens"] == 180
+    assert {"mean_ttft_ms", "p99_e2el_ms", "request_throughput"} <= set(data)
+    assert len(load_vllm_results(out)) == 1

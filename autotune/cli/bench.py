@@ -35,6 +35,11 @@ class Arrival(str, Enum):
     constant = "constant"
 
 
+class OutputFormat(str, Enum):
+    autotune = "autotune"
+    vllm = "vllm"
+
+
 class Endpoint(str, Enum):
     completions = "completions"
     chat = "chat"
@@ -92,6 +97,9 @@ def bench(
         help="Bearer token; never printed or saved.")] = None,
     output: Annotated[Path | None, typer.Option(
         help="Write summary, run config and records as JSON.")] = None,
+    output_format: Annotated[OutputFormat, typer.Option(
+        "--format", help="Layout of --output: ours, or vLLM's --save-result JSON.")] = (
+        OutputFormat.autotune),
     csv: Annotated[Path | None, typer.Option(help="Write one row per request.")] = None,
 ) -> None:
     """Load-test a running server: warm-up, then a measured window at one rate."""
@@ -169,7 +177,11 @@ def _bench(**opts: object) -> None:
         "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
         "slo": None if slo is None else str(slo), "notes": wl.notes,
     }
-    if o.output is not None:
+    if o.output is not None and o.output_format is OutputFormat.vllm:
+        from autotune.vllm_results import write_vllm_result
+        write_json(o.output, write_vllm_result(summary, result.records, run))
+        console.print(f"wrote {o.output} (vLLM --save-result layout)")
+    elif o.output is not None:
         write_json(o.output, {"how": summary.how(), "run": run, "summary": summary.to_dict(),
                               "records": [r.to_dict() for r in result.records]})
         console.print(f"wrote {o.output}")

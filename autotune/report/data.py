@@ -1,0 +1,328 @@
+"""What a report shows, read from a study (and ceiling files, and imported results).
+
+Everything here turns storage into plain rows (dicts with the
+``autotune.experiments.COLUMNS`` keys plus a few of the report's own); the plots and
+the pages never touch Optuna.  The trial layout read is the one ``autotune.study``
+writes: ``user_attrs["result"]`` holds ``TrialResult.to_attrs()`` (status, feasible,
+backend, reason, flags, rate, gpus, summary, telemetry, windows, ...), and the study's
+``user_attrs`` hold the SLO, the objective and the GPU count.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from autotune.experiments import CONFIG_COLUMNS
+
+CLIENT_KEYS = ("request_rate", "max_concurrency")
+# Flags people recognise by short names in labels and legends.
+SHORT = {
+    "tensor_parallel_size": "TP",
+    "pipeline_parallel_size": "PP",
+    "max_num_seqs": "seqs",
+    "max_num_batched_tokens": "batched",
+    "enable_chunked_prefill": "chunked",
+    "gpu_memory_utilization": "gpu_mem",
+    "max_concurrency": "conc",
+}
+
+
+class ReportError(ValueError):
+    """The report cannot be made as asked (unknown or empty study, unreadable file)."""
+
+
+@dataclass
+class StudyData:
+    name: str
+    storage: str
+    attrs: dict[str, Any]
+    rows: list[dict[str, Any]]  # one per trial, in trial order
+    ceilings: list[dict[str, Any]] = field(default_factory=list)
+    imported: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: dict[str, Any] | None = None
+    direction: str = "maximize"
+    importances: dict[str, float] | None = None
+    importance_note: str = ""
+
+    @property
+    def slo(self) -> str | None:
+        slo = self.attrs.get("slo")
+        if slo:
+            return str(slo)
+        return next((r["slo"] for r in self.rows if r.get("slo")), None)
+
+    @property
+    def feasible(self) -> list[dict[str, Any]]:
+        return [r for r in self.rows if r.get("feasible")]
+
+
+# ----------------------------------------------------------------------------- storage
+
+
+def default_storage(name: str, studies_dir: Path = Path("studies")) -> str:
+    return f"sqlite:///{(studies_dir / f'{name}.db').as_posix()}"
+
+
+def load_study(name: str, storage: str) -> Any:
+    """The Optuna study, or a ReportError naming the studies that do exist."""
+    import optuna
+
+    if storage.startswith("sqlite:///"):
+        path = Path(storage[len("sqlite:///"):])
+        if not path.exists():
+            # Opening a missing sqlite file would create an empty database.
+            raise ReportError(
+                f"no study database at {path}: run `autotune search --study-name {name}` "
+                "first, or pass --storage URL")
+    try:
+        names = optuna.get_all_study_names(storage=storage)
+    except Exception as exc:  # sqlalchemy errors come in many kinds
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ReportError(f"cannot open storage {storage}: {first}") from None
+    if name not in names:
+        known = ", ".join(sorted(names)) or "none"
+        raise ReportError(f"no study named {name!r} in {storage} (studies there: {known})")
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+# ----------------------------------------------------------------------------- rows
+
+
+def _f(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(v) else v
+
+
+def _stat(summary: Mapping[str, Any], metric: str, key: str) -> float | None:
+    block = summary.get(metric)
+    return _f(block.get(key)) if isinstance(block, Mapping) else None
+
+
+def config_label(config: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
+    """``TP=4 seqs=192 chunked`` from the flags in ``keys`` (all server flags if None)."""
+    parts = []
+    for k in keys if keys is not None else sorted(config):
+        if k in ("model", "max_model_len") or k not in config:
+            continue
+        v = config[k]
+        name = SHORT.get(k, k)
+        if v is True:
+            parts.append(name)
+        elif v is False:
+            parts.append(f"no-{name}")
+        else:
+            parts.append(f"{name}={v:g}" if isinstance(v, float) else f"{name}={v}")
+    return " ".join(parts) or "defaults"
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    return json.dumps({k: v for k, v in config.items() if k not in CLIENT_KEYS},
+                      sort_keys=True, default=str)
+
+
+def trial_row(trial: Any, study_name: str) -> dict[str, Any]:
+    """One Optuna FrozenTrial as a report row."""
+    attrs = dict(trial.user_attrs)
+    res = attrs.get("result") if isinstance(attrs.get("result"), Mapping) else {}
+    summary = res.get("summary") if isinstance(res.get("summary"), Mapping) else {}
+    params = dict(trial.params)
+    flags = dict(res.get("flags") or {k: v for k, v in params.items() if k not in CLIENT_KEYS})
+    config = dict(flags)
+    if params.get("max_concurrency") is not None:
+        config["max_concurrency"] = params["max_concurrency"]
+    state = trial.state.name
+    status = res.get("status") or attrs.get("status") or (
+        "pruned" if state == "PRUNED" else "failed" if state == "FAIL" else state.lower())
+    reason = res.get("reason") or attrs.get("reason")
+    check = summary.get("slo_check") if isinstance(summary.get("slo_check"), Mapping) else {}
+    meets = check.get("met") if check else None
+    feasible = bool(res.get("feasible", attrs.get("feasible", False))) and state == "COMPLETE"
+    telemetry = res.get("telemetry") if isinstance(res.get("telemetry"), Mapping) else {}
+    rate = _f(params.get("request_rate", res.get("rate", summary.get("offered_rate"))))
+    gpus = res.get("gpus") or int(flags.get("tensor_parallel_size", 1) or 1) * int(
+        flags.get("pipeline_parallel_size", 1) or 1)
+    source = summary.get("source") or (
+        "simulated (virtual time)" if res.get("mode") == "virtual" else None)
+    when = trial.datetime_complete or trial.datetime_start
+    row: dict[str, Any] = {
+        "time": when.isoformat(timespec="seconds") if isinstance(when, datetime) else None,
+        "study": study_name,
+        "trial": trial.number,
+        "config_json": config,
+        "rate": rate,
+        "request_throughput": _f(summary.get("request_throughput")),
+        "output_throughput": _f(summary.get("output_throughput")),
+        "total_token_throughput": _f(summary.get("total_token_throughput")),
+        "ttft_p50_s": _stat(summary, "ttft", "p50"),
+        "ttft_p99_s": _stat(summary, "ttft", "p99"),
+        "tpot_p50_s": _stat(summary, "tpot", "p50"),
+        "tpot_p99_s": _stat(summary, "tpot", "p99"),
+        "e2e_p50_s": _stat(summary, "e2e", "p50"),
+        "e2e_p99_s": _stat(summary, "e2e", "p99"),
+        "goodput_requests": _f(summary.get("goodput_requests")),
+        "goodput_tokens": _f(summary.get("goodput_tokens")),
+        "attainment": _f(summary.get("attainment")),
+        "meets_slo": meets,
+        "slo": summary.get("slo"),
+        "gpu_util_mean_pct": _f(telemetry.get("gpu_util_mean_pct")),
+        "gpu_util_max_pct": _f(telemetry.get("gpu_util_max_pct")),
+        "pruned": state == "PRUNED" or status == "pruned",
+        "pruned_reason": reason if (state == "PRUNED" or status == "pruned") else None,
+        "backend": res.get("backend") or attrs.get("backend"),
+        "source": source,
+        "num_measured": summary.get("num_measured"),
+        "duration_s": _f(summary.get("duration_s")),
+        # The report's own columns.
+        "state": state,
+        "status": status,
+        "reason": reason,
+        "detail": res.get("detail"),
+        "feasible": feasible,
+        "value": _f(trial.value) if state == "COMPLETE" and trial.values else None,
+        "baseline": bool(attrs.get("baseline")),
+        "gpus": int(gpus),
+        "config": config,
+        "config_key": config_key(config),
+        "margins": dict(check.get("margins") or {}) if check else {},
+        "binding": check.get("binding") if check else None,
+        "how": res.get("how"),
+        "telemetry": dict(telemetry),
+        "windows": list(res.get("windows") or []),
+        "records_path": res.get("records_path"),
+        "launched": res.get("launched", state != "FAIL"),
+        "predicted": attrs.get("predicted"),
+    }
+    for key in CONFIG_COLUMNS:
+        if key in config:
+            row[key] = config[key]
+    return row
+
+
+def varying_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The config flags that differ between rows (the ones worth naming)."""
+    values: dict[str, set[str]] = {}
+    for r in rows:
+        for k, v in (r.get("config") or r.get("config_json") or {}).items():
+            if k not in CLIENT_KEYS:
+                values.setdefault(k, set()).add(repr(v))
+    keys = [k for k, vs in values.items() if len(vs) > 1]
+    order = list(SHORT)
+    return sorted(keys, key=lambda k: (order.index(k) if k in order else len(order), k))
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def read_ceilings(out_dir: Path) -> list[dict[str, Any]]:
+    """Ceiling results (``autotune ceiling`` JSON) found in the study's folder."""
+    found: list[dict[str, Any]] = []
+    if not out_dir.is_dir():
+        return found
+    for path in sorted(out_dir.glob("**/ceiling*.json")):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            continue
+        items = data if isinstance(data, list) else data.get("ceilings", [data]) \
+            if isinstance(data, Mapping) else []
+        for item in items:
+            if isinstance(item, Mapping) and isinstance(item.get("probes"), list):
+                found.append({**item, "path": str(path)})
+    return found
+
+
+def ceiling_probe_rows(ceilings: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    rows = []
+    for c in ceilings:
+        config = c.get("config") or c.get("flags") or {}
+        for p in c.get("probes", []):
+            if not isinstance(p, Mapping):
+                continue
+            summary = p.get("summary") if isinstance(p.get("summary"), Mapping) else {}
+            checks = p.get("checks") or []
+            rows.append({
+                "config": config,
+                "config_key": config_key(config) if config else None,
+                "trial": c.get("trial"),
+                "index": p.get("index"),
+                "phase": p.get("phase"),
+                "rate": _f(p.get("rate")),
+                "num_prompts": p.get("num_prompts"),
+                "verdict": p.get("verdict"),
+                "binding": p.get("binding"),
+                "request_throughput": _f(p.get("request_throughput")),
+                "output_throughput": _f(p.get("output_throughput")),
+                "goodput_tokens": _f(summary.get("goodput_tokens")),
+                "e2e_p99_s": _stat(summary, "e2e", "p99"),
+                "checks": checks,
+                "gpu_util": _f(p.get("gpu_util")),
+                "pruned": bool(p.get("pruned")),
+                "prune_reason": p.get("prune_reason"),
+                "source": c.get("source"),
+                "feasible_max": _f(c.get("feasible_max")),
+                "infeasible_min": _f(c.get("infeasible_min")),
+                "recommended_cap": _f(c.get("recommended_cap")),
+            })
+    return rows
+
+
+def read_recommendation(out_dir: Path) -> dict[str, Any] | None:
+    path = out_dir / "recommendation.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_timeline(row: Mapping[str, Any]) -> dict[str, list[tuple[float, float]]]:
+    """Series over the load test of one trial: GPU util, KV-cache usage, in flight.
+
+    Read from the trial's telemetry (``timeline``: rows with ``t_s`` and
+    ``kv_cache_usage``/``running``/``waiting``, or the simulator's ``time_s``/``kv_usage``/
+    ``busy_fraction``; ``gpu_samples``: rows with ``t_s`` and
+    ``util_pct``) and from the pruner's windows (``[t_s, in_flight, finished]``).
+    """
+    tel = row.get("telemetry") or {}
+    out: dict[str, list[tuple[float, float]]] = {}
+
+    def add(name: str, t: Any, v: Any) -> None:
+        tf, vf = _f(t), _f(v)
+        if tf is not None and vf is not None:
+            out.setdefault(name, []).append((tf, vf))
+
+    timeline = tel.get("timeline") or tel.get("engine_timeline") or []
+    for p in timeline if isinstance(timeline, list) else []:
+        if not isinstance(p, Mapping):
+            continue
+        # MetricsScraper.timeline() rows (t_s, kv_cache_usage 0..1, running, waiting) and
+        # the simulator's TimelinePoint (time_s, kv_usage 0..1, busy_fraction 0..1).
+        t = p.get("t_s", p.get("time_s"))
+        kv = _f(p.get("kv_cache_usage", p.get("kv_usage")))
+        add("kv_cache_usage_pct", t, None if kv is None else 100.0 * kv)
+        add("running", t, p.get("running"))
+        add("waiting", t, p.get("waiting"))
+        busy = _f(p.get("busy_fraction"))
+        add("gpu_util_pct", t, p.get("gpu_util_pct", None if busy is None else 100 * busy))
+    samples = tel.get("gpu_samples") or []
+    for p in samples if isinstance(samples, list) else []:
+        if isinstance(p, Mapping):
+            add("gpu_util_pct", p.get("t_s"), p.get("util_pct"))
+    for w in row.get("windows") or []:
+        if isinstance(w, list | tuple) and len(w) >= 2:
+            add("in_flight", w[0], w[1])
+    for key, series in out.items():
+        t0 = min(t for t, _ in series)
+        out[key] = sorted((t - t0, v) for t, v in series)
+    return out

@@ -1,0 +1,271 @@
+"""The report's figures (matplotlib, headless Agg): pure rows in, one PNG out.
+
+Every figure carries its provenance in a footer line (measured or simulated, the
+backend, the hardware, how many load tests) so a PNG copied out of the report still
+says where its numbers came from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from autotune.report.data import config_label, varying_keys  # noqa: E402
+
+MAX_CONFIGS = 6  # more curves than this on one plot is unreadable
+COLORS = plt.get_cmap("tab10").colors
+REASON_MARKERS = ("v", "^", "s", "D", "P", "X", "<", ">")
+
+
+def _save(fig: Figure, path: Path, provenance: str) -> Path:
+    fig.text(0.01, 0.005, provenance, fontsize=7, color="#555555", ha="left", va="bottom",
+             wrap=True)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, format="png")
+    plt.close(fig)
+    return path
+
+
+def _ok(x: Any) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def slo_line(slo_text: str | None) -> tuple[str, float | None, str]:
+    """(row key of the plotted p99, SLO threshold in s or None, axis label)."""
+    if slo_text:
+        try:
+            from autotune.slo import parse_slo
+
+            slo = parse_slo(slo_text)
+        except ValueError:
+            slo = None
+        if slo is not None:
+            limits = sorted(slo.limits, key=lambda lim: lim.metric != "e2e")
+            for lim in limits:
+                if lim.metric in ("e2e", "ttft", "tpot") and lim.percentile == 99:
+                    return (f"{lim.metric}_p99_s", lim.threshold_s,
+                            f"P99 {lim.metric.upper()} (s)")
+    return "e2e_p99_s", None, "P99 E2E latency (s)"
+
+
+# ----------------------------------------------------------------------------- 1
+
+
+def rate_curves(
+    rows: Sequence[Mapping[str, Any]],
+    path: Path,
+    *,
+    slo: str | None,
+    provenance: str,
+    ceilings: Mapping[str, float] | None = None,
+    imported: Sequence[Mapping[str, Any]] = (),
+) -> Path:
+    """Goodput (top) and P99 (bottom) against the offered rate, one line per config.
+
+    ``ceilings``: config_key -> highest rate that met the SLO (the ceiling search's
+    ``feasible_max`` where there is one).  Imported vLLM results are drawn as crosses.
+    """
+    key, threshold, ylabel = slo_line(slo)
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if _ok(r.get("rate")) and (_ok(r.get("output_throughput")) or _ok(r.get(key))):
+            groups.setdefault(r["config_key"], []).append(r)
+
+    def best(g: list[Mapping[str, Any]]) -> float:
+        return max((r.get("goodput_tokens") or 0.0) for r in g if r.get("feasible")) \
+            if any(r.get("feasible") for r in g) else -1.0
+
+    # The configs with the most points first, then the best: curves need points.
+    chosen = sorted(groups, key=lambda k: (-min(len(groups[k]), 3), -best(groups[k])))
+    chosen = chosen[:MAX_CONFIGS]
+    keys = varying_keys([r for k in chosen for r in groups[k]])
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 7.0), sharex=True)
+    for i, k in enumerate(chosen):
+        g = sorted(groups[k], key=lambda r: r["rate"])
+        color = COLORS[i % len(COLORS)]
+        label = config_label(g[0].get("config") or {}, keys)
+        xs = [r["rate"] for r in g]
+        good = [r.get("goodput_tokens") if r.get("feasible") else 0.0 for r in g]
+        out = [r.get("output_throughput") for r in g]
+        top.plot(xs, [v if _ok(v) else math.nan for v in out], "--", color=color, alpha=0.5,
+                 lw=1)
+        top.plot(xs, [v if _ok(v) else math.nan for v in good], "o-", color=color,
+                 label=label)
+        p99 = [r.get(key) for r in g]
+        bottom.plot(xs, [v if _ok(v) else math.nan for v in p99], "o-", color=color)
+        for r in g:
+            if r.get("pruned") and _ok(r.get(key)):
+                bottom.plot([r["rate"]], [r[key]], "v", color=color, ms=9, mfc="none")
+        c = (ceilings or {}).get(k)
+        if _ok(c):
+            for ax in (top, bottom):
+                ax.axvline(c, color=color, ls=":", lw=1.2)
+            top.annotate(f"ceiling {c:.3g}", (c, 0), xytext=(3, 4),
+                         textcoords="offset points", color=color, fontsize=7, rotation=90)
+    for j, r in enumerate(imported):
+        if not _ok(r.get("rate")):
+            continue
+        lbl = "vllm bench serve (imported)" if j == 0 else None
+        if _ok(r.get("output_throughput")):
+            top.plot([r["rate"]], [r["output_throughput"]], "kx", ms=8, label=lbl)
+        if _ok(r.get(key)):
+            bottom.plot([r["rate"]], [r[key]], "kx", ms=8)
+    if threshold is not None:
+        bottom.axhline(threshold, color="red", lw=1.5, label=f"SLO {threshold:g} s")
+        bottom.legend(loc="upper left", fontsize=8)
+    top.set_ylabel("goodput (output tok/s)\n(dashed: all output tok/s)")
+    top.set_title("Goodput and P99 against the offered rate (the knee is the ceiling)")
+    bottom.set_ylabel(ylabel)
+    bottom.set_xlabel("offered rate (req/s, open loop)")
+    if any(groups.values()) or imported:
+        top.legend(fontsize=7, loc="upper left")
+    top.set_ylim(bottom=0)
+    bottom.set_ylim(bottom=0)
+    top.grid(alpha=0.3)
+    bottom.grid(alpha=0.3)
+    if len(groups) > MAX_CONFIGS:
+        top.text(0.99, 0.02, f"{MAX_CONFIGS} of {len(groups)} configs shown", ha="right",
+                 transform=top.transAxes, fontsize=7)
+    return _save(fig, path, provenance)
+
+
+# ----------------------------------------------------------------------------- 2
+
+
+def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
+            value_label: str = "goodput (output tok/s)") -> Path:
+    """Each trial's goodput, the best feasible so far, and why the others failed."""
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    feasible = [r for r in rows if r.get("feasible")]
+    ax.plot([r["trial"] for r in feasible], [r.get("value") or 0 for r in feasible], "o",
+            color="tab:green", label="met the SLO")
+    reasons: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        if not r.get("feasible"):
+            reasons.setdefault(str(r.get("reason") or r.get("status") or "?"), []).append(r)
+    for i, (reason, rs) in enumerate(sorted(reasons.items())):
+        ys = [r.get("output_throughput") if _ok(r.get("output_throughput")) else 0.0
+              for r in rs]
+        ax.plot([r["trial"] for r in rs], ys, REASON_MARKERS[i % len(REASON_MARKERS)],
+                color=COLORS[(i + 3) % len(COLORS)], mfc="none",
+                label=f"infeasible: {reason} ({len(rs)})")
+    best, xs, ys = -math.inf, [], []
+    for r in sorted(rows, key=lambda r: r["trial"]):
+        if r.get("feasible") and _ok(r.get("value")):
+            best = max(best, r["value"])
+        if best > -math.inf:
+            xs.append(r["trial"])
+            ys.append(best)
+    if xs:
+        ax.step(xs, ys, where="post", color="black", lw=1.5, label="best feasible so far")
+    ax.set_xlabel("trial")
+    ax.set_ylabel(value_label + "\n(infeasible: all output tok/s)")
+    ax.set_title("Optimisation history")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _save(fig, path, provenance)
+
+
+# ----------------------------------------------------------------------------- 3
+
+
+def importances(values: Mapping[str, float], path: Path, *, provenance: str,
+                evaluator: str) -> Path:
+    fig, ax = plt.subplots(figsize=(7.5, 0.5 * max(len(values), 2) + 1.5))
+    items = sorted(values.items(), key=lambda kv: kv[1])
+    ax.barh([k for k, _ in items], [v for _, v in items], color="tab:blue")
+    for y, (_, v) in enumerate(items):
+        ax.text(v, y, f" {v:.2f}", va="center", fontsize=8)
+    ax.set_xlabel("importance (normalised to sum 1)")
+    ax.set_title(f"Parameter importances ({evaluator})")
+    ax.set_xlim(0, max([v for _, v in items] + [0.1]) * 1.2)
+    return _save(fig, path, provenance)
+
+
+# ----------------------------------------------------------------------------- 4
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(p99, goodput per GPU) points no other point beats on both (lower p99, higher
+    goodput), sorted by p99."""
+    front: list[tuple[float, float]] = []
+    for p99, g in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or g > front[-1][1]:
+            front.append((p99, g))
+    return front
+
+
+def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
+           provenance: str) -> Path:
+    key, threshold, ylabel = slo_line(slo)
+    fig, ax = plt.subplots(figsize=(8.5, 5.0))
+    feas = [(r[key], (r.get("goodput_tokens") or 0.0) / max(int(r.get("gpus") or 1), 1), r)
+            for r in rows if r.get("feasible") and _ok(r.get(key))]
+    infeas = [(r[key], (r.get("output_throughput") or 0.0) / max(int(r.get("gpus") or 1), 1))
+              for r in rows if not r.get("feasible") and _ok(r.get(key))
+              and _ok(r.get("output_throughput"))]
+    if infeas:
+        ax.plot([p for p, _ in infeas], [g for _, g in infeas], "x", color="grey",
+                label="missed the SLO (all output tok/s)")
+    if feas:
+        ax.plot([p for p, _, _ in feas], [g for _, g, _ in feas], "o", color="tab:green",
+                label="met the SLO")
+        front = pareto_front([(p, g) for p, g, _ in feas])
+        ax.step([p for p, _ in front], [g for _, g in front], where="post", color="tab:green",
+                lw=2,
+                label="Pareto front")
+        by_point = {(p, g): r for p, g, r in feas}
+        for p, g in front:
+            r = by_point.get((p, g))
+            if r is not None:
+                ax.annotate(f"#{r['trial']}", (p, g), xytext=(4, 4), fontsize=7,
+                            textcoords="offset points")
+    if threshold is not None:
+        ax.axvline(threshold, color="red", lw=1.5, label=f"SLO {threshold:g} s")
+    ax.set_xlabel(ylabel.replace(" (s)", "") + " (s)")
+    ax.set_ylabel("goodput per GPU (output tok/s/GPU)")
+    ax.set_title("Goodput per GPU against P99 latency")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return _save(fig, path, provenance)
+
+
+# ----------------------------------------------------------------------------- 5
+
+
+def timeline(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, *,
+             provenance: str, title: str) -> Path:
+    """GPU utilisation and KV-cache usage (%) on top, requests in flight below."""
+    pct = [k for k in ("gpu_util_pct", "kv_cache_usage_pct") if series.get(k)]
+    counts = [k for k in ("in_flight", "running", "waiting") if series.get(k)]
+    n = (1 if pct else 0) + (1 if counts else 0)
+    fig, axes = plt.subplots(max(n, 1), 1, figsize=(8.5, 2.6 * max(n, 1) + 0.6),
+                             sharex=True, squeeze=False)
+    i = 0
+    names = {"gpu_util_pct": "GPU utilisation", "kv_cache_usage_pct": "KV-cache usage",
+             "in_flight": "requests in flight (client)", "running": "running (vLLM)",
+             "waiting": "waiting (vLLM)"}
+    for group, ylabel in ((pct, "%"), (counts, "requests")):
+        if not group:
+            continue
+        ax = axes[i][0]
+        for k in group:
+            ax.plot([t for t, _ in series[k]], [v for _, v in series[k]], label=names[k])
+        if group is pct:
+            ax.set_ylim(0, 105)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+        i += 1
+    axes[-1][0].set_xlabel("time since the first sample of each series (s)")
+    axes[0][0].set_title(title)
+    return _save(fig, path, provenance)

@@ -1,0 +1,524 @@
+"""A simulator that serves the OpenAI API like ``vllm serve``, in wall-clock time.
+
+    python -m autotune.sim.serve --model llama-3-8b --profile 4xa100-80gb \\
+        --tensor-parallel-size 4 --max-num-seqs 128 --port 8000
+
+It is NOT vLLM and uses no GPU: the same scheduler and cost model as the virtual-time
+``simulate`` decide when each token is produced, and the server sleeps until then.
+Every figure it serves is simulated.
+
+Token counting (documented, deterministic): a text prompt counts one token per
+whitespace-separated word (``len(text.split())``); a prompt given as token ids counts
+them; a chat request counts the words of every message's content.  The output is
+always ``max_tokens`` tokens (as with ``ignore_eos``), one word per token.
+
+Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (streaming SSE like vLLM, with
+the usage chunk when ``stream_options.include_usage``), ``/v1/models``, ``/health``,
+``/tokenize``, ``/metrics`` (vLLM's metric names).  Fault switches: ``--crash-after N``,
+``--hang-at-startup``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from autotune.sim.config import ConfigRefused, EngineConfig, EngineSetup, resolve
+from autotune.sim.costmodel import CostModel
+from autotune.sim.engine import error_body, request_problem
+from autotune.sim.profiles import ProfileError, load_hardware, load_model
+from autotune.sim.scheduler import DECODE, Scheduler, Seq
+
+OWNED_BY = "autotune-simulator"
+DEFAULT_PROFILE = "a100-80gb"
+DEFAULT_MODEL_PROFILE = "llama-3-8b"
+WORDS = ("the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was",
+         "with", "be", "by", "on", "not", "he", "this", "are")
+TOKEN, DONE, CLOSED = "token", "done", "closed"
+
+
+def log(level: str, msg: str, *, err: bool = False) -> None:
+    """One line in vLLM's log format, tagged as the simulator."""
+    stamp = datetime.now().strftime("%m-%d %H:%M:%S")
+    print(f"{level} {stamp} [simulator] {msg}", file=sys.stderr if err else sys.stdout,
+          flush=True)
+
+
+def count_words(text: str) -> int:
+    return len(text.split())
+
+
+def prompt_token_count(body: dict[str, Any], chat: bool) -> int:
+    """The documented deterministic count: words of the text, or the token ids given."""
+    if chat:
+        total = 0
+        for m in body.get("messages") or []:
+            content = m.get("content", "") if isinstance(m, dict) else ""
+            if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+                content = " ".join(str(p.get("text", "")) for p in content
+                                   if isinstance(p, dict))
+            total += count_words(str(content))
+        return total
+    prompt = body.get("prompt", "")
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(t, int) for t in prompt):
+            return len(prompt)
+        prompt = prompt[0] if prompt else ""
+        if isinstance(prompt, list):
+            return len(prompt)
+    return count_words(str(prompt))
+
+
+class RealtimeEngine:
+    """The simulator's scheduler and cost model stepping in wall-clock time."""
+
+    def __init__(self, setup: EngineSetup, *, crash_after: int | None = None) -> None:
+        self.setup = setup
+        self.cost = CostModel.for_setup(setup)
+        self.sched = Scheduler(
+            max_num_seqs=setup.max_num_seqs,
+            max_num_batched_tokens=setup.max_num_batched_tokens,
+            num_blocks=setup.num_gpu_blocks,
+            block_size=setup.block_size,
+            enable_chunked_prefill=setup.enable_chunked_prefill,
+        )
+        self.crash_after = crash_after
+        self.queues: dict[int, asyncio.Queue[str]] = {}
+        self.seqs: dict[int, Seq] = {}
+        self.to_abort: list[int] = []
+        self.wake = asyncio.Event()
+        self.clock = 0.0  # wall time the last step ended (perf_counter)
+        self.next_rid = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.finished_total = 0
+        self.stopping = False
+
+    def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[int, asyncio.Queue[str]]:
+        rid = self.next_rid
+        self.next_rid += 1
+        seq = Seq(rid, prompt_tokens, max_tokens)
+        q: asyncio.Queue[str] = asyncio.Queue()
+        self.queues[rid], self.seqs[rid] = q, seq
+        self.sched.add(seq)
+        self.wake.set()
+        return rid, q
+
+    def abort(self, rid: int) -> None:
+        # Applied between steps: a step in flight already holds blocks for it.
+        if rid in self.seqs:
+            self.to_abort.append(rid)
+            self.wake.set()
+
+    def close_all(self) -> None:
+        self.stopping = True
+        for q in self.queues.values():
+            q.put_nowait(CLOSED)
+        self.wake.set()
+
+    def _apply_aborts(self) -> None:
+        for rid in self.to_abort:
+            seq = self.seqs.pop(rid, None)
+            self.queues.pop(rid, None)
+            if seq is not None:
+                self.sched.abort(seq)
+        self.to_abort.clear()
+
+    async def run(self) -> None:
+        sched, cost = self.sched, self.cost
+        while not self.stopping:
+            self._apply_aborts()
+            if sched.idle:
+                self.wake.clear()
+                await self.wake.wait()
+                self.clock = time.perf_counter()  # an idle engine starts when work arrives
+                continue
+            plan = sched.schedule()
+            if plan.tokens == 0:  # cannot happen for a config that resolved; do not spin
+                await asyncio.sleep(0.01)
+                continue
+            c = cost.step(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            # While busy, each step ends exactly one step time after the previous end, so
+            # late wake-ups (sleep overshoot, a loaded CPU) never accumulate: a late step
+            # delivers its tokens late, and the next one catches up.
+            target = self.clock + c.total_s
+            delay = target - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.clock = target
+            decoding = [s for s in sched.running if s.state == DECODE]
+            started, finished = sched.complete(plan)
+            for seq in started:
+                if not seq.segments:  # first stint: the prompt was processed once
+                    self.prompt_tokens_total += seq.prompt_tokens
+            for seq in (*decoding, *started):
+                q = self.queues.get(seq.rid)
+                if q is not None:
+                    q.put_nowait(TOKEN)
+            self.generation_tokens_total += len(decoding) + len(started)
+            for seq in finished:
+                q = self.queues.pop(seq.rid, None)
+                self.seqs.pop(seq.rid, None)
+                if q is not None:
+                    q.put_nowait(DONE)
+                self.finished_total += 1
+            if self.crash_after is not None and self.finished_total >= self.crash_after:
+                log("ERROR", "EngineCore encountered a fatal error (simulated fault: "
+                    f"--crash-after {self.crash_after}): RuntimeError: Engine core died "
+                    "unexpectedly", err=True)
+                os._exit(3)
+
+    def metrics_text(self, model_name: str) -> str:
+        lab = f'{{engine="0",model_name="{model_name}"}}'
+        s = self.sched
+        rows = [
+            ("vllm:num_requests_running", "gauge",
+             "Number of requests in model execution batches (simulated).", s.num_running),
+            ("vllm:num_requests_waiting", "gauge",
+             "Number of requests waiting to be processed (simulated).", s.num_waiting),
+            ("vllm:kv_cache_usage_perc", "gauge",
+             "KV-cache usage. 1 means 100 percent usage (simulated).", s.kv_usage),
+            ("vllm:num_preemptions_total", "counter",
+             "Cumulative number of preemption from the engine (simulated).",
+             s.num_preemptions),
+            ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed "
+             "(simulated).", self.prompt_tokens_total),
+            ("vllm:generation_tokens_total", "counter", "Number of generation tokens "
+             "processed (simulated).", self.generation_tokens_total),
+        ]
+        out = []
+        for name, kind, help_, value in rows:
+            out += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}",
+                    f"{name}{lab} {float(value)}"]
+        name = "vllm:request_success_total"
+        out += [f"# HELP {name} Count of successfully processed requests (simulated).",
+                f"# TYPE {name} counter",
+                f'{name}{{engine="0",finished_reason="length",model_name="{model_name}"}} '
+                f"{float(self.finished_total)}"]
+        return "\n".join(out) + "\n"
+
+
+def build_app(engine: RealtimeEngine, served_name: str) -> Any:
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    setup = engine.setup
+    created = int(time.time())
+
+    def error(message: str, code: int = 400, kind: str = "BadRequestError") -> Response:
+        body = json.loads(error_body(message, code))
+        body["type"] = kind
+        return JSONResponse(body, status_code=code)
+
+    async def health(_: HttpRequest) -> Response:
+        return Response(status_code=200)
+
+    async def models(_: HttpRequest) -> Response:
+        return JSONResponse({"object": "list", "data": [{
+            "id": served_name, "object": "model", "created": created, "owned_by": OWNED_BY,
+            "root": setup.model.hf_id, "parent": None, "max_model_len": setup.max_model_len,
+            "permission": [],
+            "simulated": True,
+            "simulator": {"model_profile": setup.model.name,
+                          "hardware_profile": setup.hardware.label},
+        }]})
+
+    async def metrics(_: HttpRequest) -> Response:
+        return PlainTextResponse(engine.metrics_text(served_name),
+                                 media_type="text/plain; version=0.0.4")
+
+    async def read_json(request: HttpRequest) -> dict[str, Any] | Response:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return error("request body is not valid JSON")
+        if not isinstance(body, dict):
+            return error("request body must be a JSON object")
+        return body
+
+    async def tokenize(request: HttpRequest) -> Response:
+        body = await read_json(request)
+        if isinstance(body, Response):
+            return body
+        chat = "messages" in body
+        n = prompt_token_count(body, chat)
+        text = body.get("prompt", "") if not chat else " ".join(
+            str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
+        words = str(text).split() if isinstance(text, str) else []
+        vocab = setup.model.vocab_size
+        tokens = ([zlib.crc32(w.encode()) % vocab for w in words]
+                  if len(words) == n else list(range(n)))
+        return JSONResponse({"count": n, "max_model_len": setup.max_model_len,
+                             "tokens": tokens})
+
+    async def complete(request: HttpRequest) -> Response:
+        chat = request.url.path.endswith("/chat/completions")
+        body = await read_json(request)
+        if isinstance(body, Response):
+            return body
+        model = body.get("model", served_name)
+        if model != served_name:
+            return error(f"The model `{model}` does not exist.", 404, "NotFoundError")
+        prompt_n = prompt_token_count(body, chat)
+        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+        if max_tokens is None:
+            max_tokens = setup.max_model_len - prompt_n if chat else 16
+        if not isinstance(max_tokens, int):
+            return error(f"max_tokens must be an integer, got {max_tokens!r}")
+        problem = request_problem(prompt_n, max_tokens, setup.max_model_len)
+        if problem is not None:
+            return error(problem)
+        if engine.stopping:
+            return error("server is shutting down", 503, "ServiceUnavailableError")
+        rid, q = engine.submit(prompt_n, max_tokens)
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def usage(n_out: int) -> dict[str, int]:
+            return {"prompt_tokens": prompt_n, "total_tokens": prompt_n + n_out,
+                    "completion_tokens": n_out}
+
+        if not body.get("stream"):
+            n_out = 0
+            try:
+                while (ev := await q.get()) == TOKEN:
+                    n_out += 1
+            finally:
+                if ev != DONE:
+                    engine.abort(rid)
+            if ev != DONE:
+                return error("server is shutting down", 503, "ServiceUnavailableError")
+            text = "".join(f" {WORDS[i % len(WORDS)]}" for i in range(n_out))
+            if chat:
+                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                                  "content": text},
+                                          "logprobs": None, "finish_reason": "length",
+                                          "stop_reason": None}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None,
+                          "finish_reason": "length", "stop_reason": None}
+            return JSONResponse({"id": ident, "object": obj.removesuffix(".chunk"),
+                                 "created": int(time.time()), "model": served_name,
+                                 "choices": [choice], "usage": usage(n_out)})
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def sse(payload: dict[str, Any]) -> bytes:
+            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+        def chunk(i: int, last: bool) -> bytes:
+            word = f" {WORDS[i % len(WORDS)]}"
+            reason = "length" if last else None
+            if chat:
+                c: dict[str, Any] = {"index": 0, "delta": {"content": word},
+                                     "logprobs": None, "finish_reason": reason}
+            else:
+                c = {"index": 0, "text": word, "logprobs": None, "finish_reason": reason,
+                     "stop_reason": None}
+            return sse({"id": ident, "object": obj, "created": int(time.time()),
+                        "model": served_name, "choices": [c]})
+
+        async def stream() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                if chat:
+                    yield sse({"id": ident, "object": obj, "created": int(time.time()),
+                               "model": served_name, "choices": [{
+                                   "index": 0, "delta": {"role": "assistant", "content": ""},
+                                   "logprobs": None, "finish_reason": None}]})
+                n_out = 0
+                while True:
+                    ev = await q.get()
+                    if ev == CLOSED:
+                        return  # shutting down: close the stream
+                    if ev == DONE:
+                        finished = True
+                        break
+                    yield chunk(n_out, n_out + 1 == max_tokens)
+                    n_out += 1
+                if include_usage:
+                    yield sse({"id": ident, "object": obj, "created": int(time.time()),
+                               "model": served_name, "choices": [], "usage": usage(n_out)})
+                yield b"data: [DONE]\n\n"
+            finally:
+                if not finished:
+                    engine.abort(rid)
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    return Starlette(routes=[
+        Route("/health", health),
+        Route("/v1/models", models),
+        Route("/metrics", metrics),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/v1/completions", complete, methods=["POST"]),
+        Route("/v1/chat/completions", complete, methods=["POST"]),
+    ])
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m autotune.sim.serve",
+        description="autotune's SIMULATOR of `vllm serve`: an OpenAI-compatible server "
+        "whose token timings come from a simulated vLLM engine (no GPU, no model). "
+        "Every figure it produces is simulated.")
+    p.add_argument("--model", default=None,
+                   help="served model name (or the first positional argument); also the "
+                   "model profile when it names one "
+                   "(llama-3-8b, an HF id such as meta-llama/Meta-Llama-3-8B-Instruct, or a "
+                   "model folder with config.json)")
+    p.add_argument("--sim-model", default=None,
+                   help=f"model profile to simulate (default: --model when it is a profile, "
+                   f"else {DEFAULT_MODEL_PROFILE})")
+    p.add_argument("--served-model-name", nargs="+", default=None)
+    p.add_argument("--profile", default=DEFAULT_PROFILE,
+                   help="hardware profile, optionally with a GPU count: 4xa100-80gb "
+                   f"(default {DEFAULT_PROFILE})")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                   default=True)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--startup-delay-s", type=float, default=3.0,
+                   help="seconds to wait before serving, like vLLM's start-up (default 3)")
+    p.add_argument("--crash-after", type=int, default=None, metavar="N",
+                   help="fault switch: exit non-zero once N requests have finished")
+    p.add_argument("--hang-at-startup", action="store_true",
+                   help="fault switch: never start serving (the port stays closed)")
+    return p
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    positional = None
+    if argv and not argv[0].startswith("-"):  # `vllm serve MODEL ...`
+        positional = argv.pop(0)
+    args, unknown = parser().parse_known_args(argv)
+    if args.model is None:
+        args.model = positional
+    if args.model is None:
+        parser().error("a model is required (--model NAME)")
+    return args, unknown
+
+
+def _model_profile(args: argparse.Namespace) -> tuple[Any, str | None]:
+    if args.sim_model:
+        return load_model(args.sim_model), None
+    try:
+        return load_model(args.model), None
+    except ProfileError:
+        note = (f"model {args.model!r} is not a simulator profile: simulating "
+                f"{DEFAULT_MODEL_PROFILE} (set --sim-model to choose)")
+        return load_model(DEFAULT_MODEL_PROFILE), note
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, unknown = parse(sys.argv[1:] if argv is None else argv)
+    log("INFO", "autotune SIMULATOR of the vLLM OpenAI API server: no GPU, no model "
+        "weights; every timing it serves is simulated")
+    if unknown:
+        log("WARNING", f"ignoring flags the simulator does not model: {' '.join(unknown)}")
+    try:
+        hardware = load_hardware(args.profile)
+        model, note = _model_profile(args)
+    except ProfileError as exc:
+        log("ERROR", str(exc), err=True)
+        return 2
+    if note:
+        log("WARNING", note)
+    config = EngineConfig(
+        model=model.name, tensor_parallel_size=args.tensor_parallel_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+        block_size=args.block_size)
+    log("INFO", f"non-default args: {config.to_flags()} on {hardware.label} (simulated)")
+
+    stop = {"flag": False}
+
+    def on_term(signum: int, _frame: Any) -> None:
+        stop["flag"] = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    if args.hang_at_startup:
+        log("WARNING", "simulated fault --hang-at-startup: start-up will never finish")
+        while not stop["flag"]:
+            time.sleep(0.05)
+        return 0
+    deadline = time.monotonic() + max(args.startup_delay_s, 0.0)
+    while time.monotonic() < deadline and not stop["flag"]:
+        time.sleep(min(0.05, max(deadline - time.monotonic(), 0)))
+    if stop["flag"]:
+        return 0
+    try:
+        setup = resolve(config, hardware, model)
+    except ConfigRefused as exc:
+        log("ERROR", "EngineCore failed to start (simulated).", err=True)
+        print(f"ValueError: {exc}", file=sys.stderr, flush=True)
+        print("RuntimeError: Engine core initialization failed. See root cause above.",
+              file=sys.stderr, flush=True)
+        return 1
+    for line in setup.log_lines():
+        log("INFO", line)
+    log("INFO", f"max_num_seqs={setup.max_num_seqs}, max_num_batched_tokens="
+        f"{setup.max_num_batched_tokens}, chunked prefill "
+        f"{'enabled' if setup.enable_chunked_prefill else 'disabled'} (simulated)")
+    served = (args.served_model_name or [args.model])[0]
+    return _serve(setup, served, args)
+
+
+def _serve(setup: EngineSetup, served: str, args: argparse.Namespace) -> int:
+    import uvicorn
+
+    engine = RealtimeEngine(setup, crash_after=args.crash_after)
+    app = build_app(engine, served)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            loop = asyncio.get_event_loop()
+            loop.call_soon_threadsafe(engine.close_all)
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning",
+                            access_log=False, timeout_graceful_shutdown=2, lifespan="off")
+    server = Server(config)
+
+    async def run() -> None:
+        task = asyncio.create_task(engine.run())
+        log("INFO", f"Starting vLLM API server (simulator) on http://{args.host}:{args.port}")
+        serving = asyncio.create_task(server.serve())
+        try:
+            while not server.started and not serving.done():
+                await asyncio.sleep(0.01)
+            if server.started:
+                log("INFO", "Application startup complete.")
+            await serving
+        finally:
+            engine.close_all()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(run())
+    log("INFO", "Shutting down (simulator).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""The simulator's real-time HTTP server (``python -m autotune.sim.serve``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autotune.arrivals import arrival_offsets
+from autotune.metrics import summarize
+from autotune.sim import EngineConfig, simulate
+from autotune.sim.serve import parse, prompt_token_count
+from autotune.workload import Request
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def argv(port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotune.sim.serve", "--model", "tiny", "--profile",
+            "cpu-tiny", "--port", str(port), "--startup-delay-s", "0", *extra]
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def server(*extra: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    port = free_port()
+    proc = subprocess.Popen(argv(port, *extra), cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"server exited: {proc.stderr.read() if proc.stderr else ''}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("server did not become healthy")
+            time.sleep(0.05)
+        yield url, proc
+    finally:
+        stop(proc)
+
+
+def sse_events(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def test_prompt_token_count_is_whitespace_words_or_ids() -> None:
+    assert prompt_token_count({"prompt": "a b  c\nd"}, chat=False) == 4
+    assert prompt_token_count({"prompt": [5, 6, 7]}, chat=False) == 3
+    assert prompt_token_count({"messages": [{"role": "user", "content": "x y"},
+                                            {"role": "user", "content": "z"}]}, chat=True) == 3
+
+
+def test_unknown_vllm_flags_are_collected_not_fatal() -> None:
+    args, unknown = parse(["--model", "m", "--enforce-eager", "--dtype", "bfloat16",
+                           "--no-enable-chunked-prefill", "--max-num-seqs", "8"])
+    assert unknown == ["--enforce-eager", "--dtype", "bfloat16"]
+    assert args.enable_chunked_prefill is False and args.max_num_seqs == 8
+
+
+def test_impossible_config_exits_1_with_vllms_message() -> None:
+    proc = subprocess.run(argv(free_port(), "--model", "llama-3-8b", "--profile",
+                               "a100-80gb", "--tensor-parallel-size", "3"),
+                          cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "must be divisible by tensor parallel size (3)" in proc.stderr
+    assert "simulat" in proc.stdout.lower()
+
+
+def test_endpoints_behave_like_vllm() -> None:
+    with server("--enforce-eager", "--max-num-seqs", "8") as (url, proc):
+        models = httpx.get(url + "/v1/models").json()["data"]
+        assert models[0]["id"] == "tiny" and models[0]["owned_by"] == "autotune-simulator"
+        body = {"model": "tiny", "prompt": "one two three", "max_tokens": 5, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=30)
+        assert r.status_code == 200 and r.headers["content-type"].startswith(
+            "text/event-stream")
+        events = sse_events(r.text)
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+        assert len(texts) == 5 and chunks[-2]["choices"][0]["finish_reason"] == "length"
+        assert chunks[-1]["usage"] == {"prompt_tokens": 3, "total_tokens": 8,
+                                       "completion_tokens": 5}
+        chat = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+            "model": "tiny", "messages": [{"role": "user", "content": "hi there"}],
+            "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}})
+        cev = [json.loads(e) for e in sse_events(chat.text)[:-1]]
+        assert cev[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert sum(bool(c["choices"] and c["choices"][0]["delta"].get("content"))
+                   for c in cev) == 3
+        plain = httpx.post(url + "/v1/completions", timeout=30,
+                           json={"model": "tiny", "prompt": "a b", "max_tokens": 4}).json()
+        assert plain["usage"]["completion_tokens"] == 4
+        assert len(plain["choices"][0]["text"].split()) == 4
+        too_long = httpx.post(url + "/v1/completions", timeout=30, json={
+            "model": "tiny", "prompt": "w " * 2000, "max_tokens": 100})
+        assert too_long.status_code == 400
+        assert "maximum context length is 2048" in too_long.json()["message"]
+        assert httpx.post(url + "/v1/completions", json={
+            "model": "nope", "prompt": "x", "max_tokens": 1}).status_code == 404
+        tok = httpx.post(url + "/tokenize", json={"prompt": "a b c"}).json()
+        assert tok["count"] == 3 and len(tok["tokens"]) == 3
+        metrics = httpx.get(url + "/metrics").text
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
+                     "vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+            assert f'{name}{{engine="0",model_name="tiny"}}' in metrics
+        assert 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 12.0' in metrics
+        assert 'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 7.0' in metrics
+    out = proc.stdout.read() if proc.stdout else ""
+    assert "GPU KV cache size: " in out and "Maximum concurrency for 2,048 tokens" in out
+    assert "ignoring flags the simulator does not model: --enforce-eager" in out
+    assert proc.returncode == 0
+
+
+def test_sigterm_closes_streams_and_exits_cleanly() -> None:
+    with server() as (url, proc):
+        with httpx.stream("POST", url + "/v1/completions", timeout=30, json={
+                "model": "tiny", "prompt": "x", "max_tokens": 1500, "stream": True}) as r:
+            lines = r.iter_lines()
+            assert next(lines).startswith("data:")
+            t0 = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            rest = list(lines)  # the stream ends instead of hanging
+            assert time.monotonic() - t0 < 5
+            assert "data: [DONE]" not in rest
+        proc.wait(timeout=10)
+        assert proc.returncode == 0
+
+
+def test_crash_after_n_requests() -> None:
+    with server("--crash-after", "2") as (url, proc):
+        for _ in range(2):
+            try:
+                httpx.post(url + "/v1/completions", timeout=10,
+                           json={"model": "tiny", "prompt": "x", "max_tokens": 2})
+            except httpx.HTTPError:
+                pass
+        proc.wait(timeout=10)
+        assert proc.returncode not in (0, None)
+        assert "simulated fault" in (proc.stderr.read() if proc.stderr else "")
+
+
+def test_hang_at_startup_never_listens_but_stops_on_sigterm() -> None:
+    port = free_port()
+    proc = subprocess.Popen(argv(port, "--hang-at-startup"), cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.0)
+        assert proc.poll() is None
+        with pytest.raises(httpx.HTTPError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0
+
+
+def test_real_time_agrees_with_virtual_time() -> None:
+    """Same config, workload and arrival schedule: HTTP vs simulate (both simulated)."""
+    loadgen = pytest.importorskip("autotune.loadgen")
+    n, rate, seed = 120, 20.0, 7
+    reqs = [Request(" ".join(["w"] * (20 + (i * 37) % 60)), 20 + (i * 37) % 60,
+                    8 + (i * 13) % 30) for i in range(n)]
+    virtual = simulate(EngineConfig("tiny"), "cpu-tiny", None, reqs,
+                       arrival_offsets(n, rate, seed=seed))
+    v = summarize(virtual.records, source="simulated (virtual time)")
+    with server() as (url, _):
+        res = loadgen.run_load_test_sync(
+            loadgen.LoadTestConfig(url=url, model="tiny", rate=rate, warmup=0, seed=seed),
+            reqs)
+    h = summarize(res.records)
+    assert h.num_completed == n, h.failure_reasons
+    assert h.output_throughput == pytest.approx(v.output_throughput, rel=0.05)
+    assert h.e2e.p99 == pytest.approx(v.e2e.p99, rel=0.10)
+    assert h.ttft.p50 == pytest.approx(v.ttft.p50, rel=0.5, abs=0.02)

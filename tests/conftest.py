@@ -1,0 +1,53 @@
+"""Shared test fixtures.  Puts the repository root on sys.path (no install needed)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from autotune.testing.fake_server import FakeServer, FakeServerProcess  # noqa: E402
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[..., FakeServer]]:
+    """Factory: ``fake_server(token_delay_s=0.002, ...)`` starts an in-process fake
+    OpenAI-compatible server on a free 127.0.0.1 port; every one is stopped after the
+    test."""
+    started: list[FakeServer] = []
+
+    def start(**knobs: Any) -> FakeServer:
+        server = FakeServer(**knobs).start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()
+
+
+@pytest.fixture
+def fake_server_process() -> Iterator[Callable[..., FakeServerProcess]]:
+    """Factory: ``fake_server_process("--token-delay-ms", "2")`` runs the fake server
+    as a child process (its own GIL); every one is stopped after the test."""
+    started: list[FakeServerProcess] = []
+
+    def start(*args: str) -> FakeServerProcess:
+        server = FakeServerProcess(args).start()
+        started.append(server)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

@@ -1,0 +1,447 @@
+"""``autotune ceiling``: the highest request rate one config sustains under the SLO.
+
+Everything the user can get wrong is checked before the first probe and before any
+file is written: the SLO, the search settings, the config, the backend and its
+server, the output paths.  Exit 0 with the answer; 1 when even the lowest rate tried
+misses the SLO; 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import shlex
+from enum import Enum
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+import typer
+
+from autotune.cli._app import app
+from autotune.cli._common import (
+    UsageError,
+    atomic_write,
+    check_writable,
+    console,
+    err_console,
+    one_line_errors,
+    write_json,
+)
+
+DEFAULT_SIM = ("a100-80gb", "llama-3-8b", 1)
+CSV_COLUMNS = (
+    "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
+    "prune_reason", "request_throughput", "output_throughput", "binding", "limit",
+    "observed_s", "bound_s", "threshold_s", "gpu_util", "server_s", "repeat", "source",
+)
+
+
+class Backend(str, Enum):
+    sim = "sim"
+    vllm = "vllm"
+    attach = "attach"
+
+
+class Dataset(str, Enum):
+    sharegpt = "sharegpt"
+    synthetic = "synthetic"
+
+
+@app.command("ceiling")
+def ceiling(
+    slo_p99: Annotated[str | None, typer.Option(
+        help="P99 end-to-end latency limit, e.g. 10s.")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="More limits, e.g. 'p99:ttft<=2s,p99:tpot<=100ms'.")] = None,
+    backend: Annotated[Backend | None, typer.Option(
+        help="sim (virtual time; default without --url/--model), vllm, or attach.")] = None,
+    # -- the config
+    max_num_seqs: Annotated[int | None, typer.Option(help="vLLM --max-num-seqs.")] = None,
+    max_num_batched_tokens: Annotated[int | None, typer.Option(
+        help="vLLM --max-num-batched-tokens.")] = None,
+    tensor_parallel_size: Annotated[int | None, typer.Option(
+        help="vLLM --tensor-parallel-size.")] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(
+        help="vLLM --gpu-memory-utilization.")] = None,
+    enable_chunked_prefill: Annotated[bool | None, typer.Option(
+        "--enable-chunked-prefill/--no-enable-chunked-prefill",
+        help="vLLM chunked prefill.", show_default=False)] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="vLLM --max-model-len.")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        help="Any other server flag as key=value (repeatable), e.g. block_size=32.")] = None,
+    study: Annotated[str | None, typer.Option(
+        help="Take the config of --trial N of this study.")] = None,
+    trial: Annotated[int | None, typer.Option(help="Trial number in --study.")] = None,
+    storage: Annotated[str | None, typer.Option(
+        help="Optuna storage of --study (default sqlite:///studies/<name>.db).")] = None,
+    studies_dir: Annotated[Path, typer.Option(
+        help="Folder of study databases.")] = Path("studies"),
+    # -- where it runs
+    profile: Annotated[str | None, typer.Option(
+        help="Simulator hardware [Nx]HARDWARE[:MODEL], e.g. a100-80gb or 4xh100-80gb.")
+    ] = None,
+    model_profile: Annotated[str | None, typer.Option(
+        help="Simulator model profile, e.g. llama-3-8b.")] = None,
+    gpus: Annotated[int | None, typer.Option(help="Simulator GPU count.")] = None,
+    url: Annotated[str | None, typer.Option(
+        help="Attach to this running OpenAI-compatible server.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model for --backend vllm (path or name); with attach, the served name.")
+    ] = None,
+    vllm_cmd: Annotated[str, typer.Option(
+        help="Command that starts vLLM (model appended, or --model when the command "
+             "does not end in 'serve').")] = "vllm serve",
+    # -- the search
+    start_rate: Annotated[float | None, typer.Option(
+        help="First rate (req/s); default: a saturation probe, then 70% of it.")] = None,
+    tol: Annotated[float, typer.Option(
+        help="Stop when feasible and infeasible rates are this close (relative).")] = 0.03,
+    max_probes: Annotated[int, typer.Option(help="Load tests the search may run.")] = 8,
+    num_prompts: Annotated[int, typer.Option(
+        help="Measured requests per probe (raised to what the bound needs).")] = 300,
+    max_num_prompts: Annotated[int, typer.Option(
+        help="Most measured requests one probe may be raised to.")] = 2400,
+    repeats: Annotated[int, typer.Option(
+        help="Runs of each boundary rate (1 = no re-runs).")] = 1,
+    headroom: Annotated[float, typer.Option(
+        help="Recommended cap this share under the ceiling.")] = 0.10,
+    confidence: Annotated[float, typer.Option(
+        help="Confidence of the upper bound on each percentile.")] = 0.95,
+    min_rate: Annotated[float | None, typer.Option(
+        help="Lowest rate to try when probes keep failing (default start / 32).")] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per probe.")] = 50,
+    seed: Annotated[int, typer.Option(help="Seed of workload and arrivals.")] = 0,
+    no_prune: Annotated[bool, typer.Option(
+        "--no-prune", help="Run every probe to the end.")] = False,
+    # -- the workload
+    dataset: Annotated[Dataset, typer.Option(help="Request source.")] = Dataset.sharegpt,
+    input_len: Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")] = 256,
+    output_len: Annotated[int, typer.Option(help="Synthetic: mean output tokens.")] = 128,
+    sample_max_len: Annotated[int, typer.Option(
+        help="ShareGPT: drop pairs whose prompt + output exceed this.")] = 2048,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
+             "mistral-common's tekken).")] = None,
+    output: Annotated[Path | None, typer.Option(
+        help="Write the result and every probe's summary as JSON.")] = None,
+    csv_path: Annotated[Path | None, typer.Option(
+        "--csv", help="Write one row per probe and SLO limit.")] = None,
+) -> None:
+    """Find the highest request rate that meets the SLO with confidence, and a cap."""
+    with one_line_errors():
+        code = _ceiling(SimpleNamespace(**locals()))
+    if code:
+        raise typer.Exit(code)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _value(text: str) -> Any:
+    low = text.strip().lower()
+    if low in ("true", "yes", "on"):
+        return True
+    if low in ("false", "no", "off"):
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """``["block_size=32", "enforce-eager=true"]`` -> ``{"block_size": 32, ...}``."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not key:
+            raise UsageError(f"--param {item!r}: give key=value, e.g. --param block_size=32")
+        out[key] = _value(value)
+    return out
+
+
+def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
+    import optuna
+
+    from autotune.study import storage_url
+
+    if o.trial is None or o.study is None:
+        raise UsageError("--study and --trial go together: give both, e.g. --study S "
+                         "--trial 12")
+    url = storage_url(o.study, o.storage, o.studies_dir)
+    if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
+        raise UsageError(f"no study database {url[len('sqlite:///'):]}: check --study "
+                         "or --storage")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        st = optuna.load_study(study_name=o.study, storage=url)
+    except KeyError:
+        raise UsageError(f"no study named {o.study!r} in {url}") from None
+    found = [t for t in st.get_trials(deepcopy=False) if t.number == o.trial]
+    if not found:
+        raise UsageError(f"study {o.study!r} has no trial {o.trial} "
+                         f"(it has {len(st.trials)} trials)")
+    t = found[0]
+    res = t.user_attrs.get("result") or {}
+    flags = res.get("flags")
+    if flags is None:
+        flags = {k: v for k, v in t.params.items() if k not in ("request_rate",
+                                                               "max_concurrency")}
+    return dict(flags)
+
+
+def config_flags(o: SimpleNamespace) -> dict[str, Any]:
+    """The server config from --study/--trial, then the flags, then --param."""
+    flags: dict[str, Any] = {}
+    if o.study is not None or o.trial is not None:
+        flags.update(_study_flags(o))
+    for key in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                "gpu_memory_utilization", "enable_chunked_prefill", "max_model_len"):
+        value = getattr(o, key)
+        if value is not None:
+            flags[key] = value
+    flags.update(parse_params(o.param))
+    for key in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                "max_model_len"):
+        value = flags.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be at least 1, got {value}")
+    return flags
+
+
+def _sim_profile(o: SimpleNamespace) -> tuple[str, str, int]:
+    from autotune.cli.search import parse_profile
+    from autotune.sim.profiles import ProfileError, load_hardware, load_model
+
+    hw, mdl, count = parse_profile(o.profile, {"hardware": DEFAULT_SIM[0],
+                                               "model": DEFAULT_SIM[1],
+                                               "gpus": DEFAULT_SIM[2]}, o.gpus)
+    if o.model_profile:
+        mdl = o.model_profile
+    if count < 1:
+        raise UsageError(f"--gpus must be at least 1, got {count}")
+    try:
+        load_hardware(f"{count}x{hw}")
+        load_model(mdl)
+    except (ProfileError, OSError, ValueError) as exc:
+        raise UsageError(f"simulator profile {hw}:{mdl}: {exc}") from None
+    return hw, mdl, count
+
+
+def _check_numbers(o: SimpleNamespace) -> None:
+    if not o.tol > 0:
+        raise UsageError(f"--tol must be greater than 0 (e.g. 0.03 for 3%), got {o.tol:g}")
+    if o.start_rate is not None and not (o.start_rate > 0 and math.isfinite(o.start_rate)):
+        raise UsageError(f"--start-rate must be a finite rate above 0 req/s, got "
+                         f"{o.start_rate:g}")
+    if o.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {o.warmup}")
+    for name, value in (("--num-prompts", o.num_prompts), ("--max-probes", o.max_probes),
+                        ("--repeats", o.repeats), ("--input-len", o.input_len),
+                        ("--output-len", o.output_len)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1, got {value}")
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def _workload(o: SimpleNamespace, total: int, server_url: str | None) -> Any:
+    from autotune import tokenizer, workload
+
+    tok = tokenizer.load_tokenizer(o.tokenizer, server_url=server_url, model=o.model)
+    if o.dataset is Dataset.sharegpt:
+        return workload.load_sharegpt(tokenizer=tok, num_prompts=total,
+                                      max_model_len=o.sample_max_len, seed=o.seed)
+    return workload.synthetic_workload(tok, num_prompts=total, input_len=o.input_len,
+                                       output_len=o.output_len, distribution="lognormal",
+                                       input_spread=0.5, output_spread=0.5, seed=o.seed)
+
+
+def _backend(o: SimpleNamespace, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
+    """The trial backend and a one-line description of where probes run."""
+    from autotune.trial import ServerBackend, SimBackend
+
+    if kind == "sim":
+        hw, mdl, count = _sim_profile(o)
+        return SimBackend(f"{count}x{hw}", mdl), f"simulator {count}x{hw}, model {mdl}"
+    if kind == "attach":
+        from autotune.loadgen import check_server
+        from autotune.server import AttachedServer
+
+        if flags:
+            raise UsageError(
+                f"the server at {o.url} is attached: autotune cannot restart it with "
+                f"{', '.join(sorted(flags))}; drop the config flags, or use --backend vllm")
+        check_server(o.url)  # an unreachable server is one clear line, before any work
+        return (ServerBackend(AttachedServer(o.url), name="attach", model=o.model),
+                f"attached server {o.url}")
+    from autotune.server import VllmServer
+
+    cmd = shlex.split(o.vllm_cmd)
+    if not cmd:
+        raise UsageError("--vllm-cmd is empty: give the command that starts vLLM")
+    if not o.model:
+        raise UsageError("--backend vllm needs --model (a path or name to serve)")
+    server = VllmServer(o.model, vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
+                        log_dir=o.studies_dir / "ceiling" / "logs")
+    return ServerBackend(server, name="vllm"), f"vLLM ({o.vllm_cmd} {o.model})"
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def _s(x: float) -> str:
+    from autotune.ceiling import format_seconds
+
+    return format_seconds(x).replace(" ", "")
+
+
+def probe_line(p: Any, simulated: bool) -> str:
+    """One probe as a table row (printed as it finishes)."""
+    rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3f}"
+    lims = "  ".join(f"{c.label} {_s(c.observed_s)} (≤{_s(c.bound_s)})" for c in p.checks)
+    util = "-" if p.gpu_util is None else f"{p.gpu_util:.0%}"
+    verdict = {"pass": "PASS", "fail": "fail", "uncertain": "uncertain"}[p.verdict]
+    pruned = f"pruned: {p.prune_reason.split(':', 1)[0]}" if p.pruned else ""
+    return (f"{p.index + 1:>3} {p.phase:<13} {rate:>9} {p.num_prompts:>5} "
+            f"{p.request_throughput:>8.2f} {p.output_throughput:>9.0f}  {lims:<40} "
+            f"{util:>5}{'*' if simulated and p.gpu_util is not None else ' '} "
+            f"{verdict:<9} {pruned}").rstrip()
+
+
+def header(simulated: bool) -> str:
+    how = "simulated, virtual time" if simulated else "measured over HTTP"
+    return (f"probes ({how}; P99 with its one-sided 95% upper bound in parentheses; "
+            "req/s and tok/s over each probe's measured window, warm-up excluded; GPU = "
+            "mean utilization, * = the simulator's busy share)\n"
+            f"{'#':>3} {'phase':<13} {'rate':>9} {'n':>5} {'req/s':>8} {'tok/s':>9}  "
+            f"{'latency (bound)':<40} {'GPU':>5}  result")
+
+
+def probes_csv(result: Any) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(CSV_COLUMNS)
+    for p in result.probes:
+        for c in p.checks:
+            w.writerow([
+                p.index, p.phase, p.rate, p.num_prompts, p.num_measured, p.verdict,
+                p.pruned, p.prune_reason or "", p.request_throughput, p.output_throughput,
+                p.binding or "", c.label, c.observed_s, c.bound_s, c.threshold_s,
+                "" if p.gpu_util is None else p.gpu_util,
+                "" if p.server_s is None else p.server_s, p.repeat, result.source])
+    return buf.getvalue()
+
+
+def details(result: Any) -> list[str]:
+    """The lines after the answer: bracket, cost, the step-down comparison, notes."""
+    lines = []
+    unit = "virtual" if result.simulated else "wall"
+    cost = "" if result.server_s is None else f", {result.server_s:.0f} s server time ({unit})"
+    if result.feasible_max is not None:
+        hi = ("none found" if result.infeasible_min is None
+              else f"{result.infeasible_min:.3f} req/s")
+        lines.append(
+            f"ceiling: feasible_max {result.feasible_max:.3f} req/s, infeasible_min {hi} "
+            f"({'converged' if result.converged else 'not converged'} to tol "
+            f"{result.tol:.1%}); binding limit {result.binding}; "
+            f"{result.search_probes} search probes + "
+            f"{len(result.probes) - result.search_probes} repeats{cost}")
+    if result.saturated_throughput is not None and result.stepdown_probes is not None:
+        lines.append(
+            f"for comparison: a 1 req/s step-down from the saturated throughput "
+            f"{result.saturated_throughput:.2f} req/s ({result.saturated_how}), as vLLM's "
+            f"auto_tune.sh does it, needs {result.stepdown_probes} load tests and ends at "
+            + ("no passing rate" if result.stepdown_rate is None else
+               f"{result.stepdown_rate:g} req/s "
+               f"({1 - result.stepdown_rate / result.feasible_max:.0%} below feasible_max)"))
+    for sp in result.spread:
+        lines.append(
+            f"repeats at {sp.rate:.3f} req/s: {sp.passes}/{sp.runs} passed; {sp.label} "
+            f"{_s(sp.observed_min_s)}..{_s(sp.observed_max_s)}, bound "
+            f"{_s(sp.bound_min_s)}..{_s(sp.bound_max_s)}, req/s "
+            f"{sp.throughput_min:.2f}..{sp.throughput_max:.2f}")
+    lines += [f"note: {n}" for n in result.notes]
+    return lines
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _ceiling(o: SimpleNamespace) -> int:
+    from autotune.ceiling import BackendProbe, check_settings, find_ceiling
+    from autotune.slo import combine
+
+    if o.slo_p99 is None and o.slo is None:
+        raise UsageError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
+    slo = combine(o.slo_p99, o.slo)
+    _check_numbers(o)
+    check_writable(o.output, "--output")
+    check_writable(o.csv_path, "--csv")
+    kind = (o.backend.value if o.backend is not None
+            else "attach" if o.url else "vllm" if o.model else "sim")
+    if kind == "attach" and not o.url:
+        raise UsageError("--backend attach needs --url of the running server")
+    flags = config_flags(o)
+    # Fail on search settings before any workload is built or server touched.
+    need = check_settings(slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
+                          num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
+                          repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
+                          min_rate=o.min_rate)
+    backend, where = _backend(o, kind, flags)
+    try:
+        per_probe = max(o.num_prompts, need)
+        total = max(o.max_num_prompts, per_probe) + o.warmup
+        wl = _workload(o, total, o.url if kind == "attach" else None)
+        pool = list(wl.requests)
+        simulated = kind == "sim"
+        out = console
+        out.print(f"ceiling of {flags or 'the default config'} on {where}; SLO {slo}; "
+                  f"workload {wl.source} ({len(pool)} requests, tokens counted with "
+                  f"{wl.tokenizer}); {o.warmup} warm-up requests per probe excluded"
+                  + ("; every figure is simulated" if simulated else ""), soft_wrap=True)
+        out.print(header(simulated), soft_wrap=True, highlight=False)
+        probe = BackendProbe(backend, flags, slo, pool, warmup=o.warmup, seed=o.seed,
+                             prune=not o.no_prune)
+        result = find_ceiling(
+            probe, slo=slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
+            num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
+            repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
+            min_rate=o.min_rate,
+            on_probe=lambda p: out.print(probe_line(p, simulated), soft_wrap=True,
+                                         highlight=False))
+    finally:
+        backend.close()
+    if probe.drain_note:
+        result.notes.append(probe.drain_note)
+    elif probe.drain:
+        result.notes.append(
+            f"between probes the server drained: /metrics showed vllm:num_requests_running "
+            f"and vllm:num_requests_waiting both 0 ({probe.drain_s:.1f} s waited in all)")
+    if not result.feasible:
+        err_console.print(result.sentence(), soft_wrap=True, highlight=False)
+        for line in details(result):
+            err_console.print(line, soft_wrap=True, highlight=False)
+        return 1
+    console.print(result.sentence(), soft_wrap=True, highlight=False)
+    for line in details(result):
+        console.print(line, soft_wrap=True, highlight=False)
+    if o.output is not None:
+        data = result.to_dict()
+        data["config"] = flags
+        data["backend"] = {"kind": kind, "where": where}
+        data["workload"] = {"source": wl.source, "tokenizer": wl.tokenizer,
+                            "requests": len(pool), "notes": list(wl.notes),
+                            "warmup_per_probe": o.warmup, "seed": o.seed}
+        write_json(o.output, data)
+        console.print(f"wrote {o.output}")
+    if o.csv_path is not None:
+        atomic_write(o.csv_path, probes_csv(result))
+        console.print(f"wrote {o.csv_path}")
+    return 0

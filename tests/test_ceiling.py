@@ -1,0 +1,399 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy.stats import expon
+
+from autotune.ceiling import (
+    CeilingError,
+    ProbeResult,
+    check_limits,
+    completion_rate,
+    find_ceiling,
+    min_samples_for_bound,
+    stepdown_probe_count,
+    stepdown_rate,
+    verdict_of,
+)
+from autotune.metrics import quantile_upper_bound, summarize
+from autotune.records import RequestRecord
+from autotune.slo import parse_slo, quantile
+
+SLO10 = parse_slo("10s")
+
+
+# ----------------------------------------------------------------------------- synthetic
+
+
+def _records(sent: np.ndarray, latencies: np.ndarray) -> list[RequestRecord]:
+    """Records sent at ``sent`` with e2e ``latencies`` (inf = a failed request)."""
+    recs = []
+    for i, (t, lat) in enumerate(zip(sent.tolist(), latencies.tolist(), strict=True)):
+        if math.isinf(lat):
+            recs.append(RequestRecord(index=i, scheduled_s=t, dispatched_s=t, sent_s=t,
+                                      end_s=t + 1.0, error="timeout: test"))
+            continue
+        recs.append(RequestRecord(index=i, scheduled_s=t, dispatched_s=t, sent_s=t,
+                                  first_token_s=t + 0.1 * lat, end_s=t + lat,
+                                  output_tokens=10, prompt_tokens=5))
+    return recs
+
+
+class QueueModel:
+    """p-th latency = base / (1 - rate / capacity) * (exponential quantile): a
+    deterministic function of rate, monotone, overloaded (failures) at capacity."""
+
+    def __init__(self, capacity: float = 20.0, base: float = 0.8) -> None:
+        self.capacity = capacity
+        self.base = base
+        self.calls: list[tuple[float, int]] = []
+
+    def unit(self, n: int) -> np.ndarray:
+        # Exponential quantiles in a fixed shuffled order (latency not sorted by time).
+        u = expon.ppf((np.arange(n) + 0.5) / n)
+        return np.random.default_rng(0).permutation(u)
+
+    def __call__(self, rate: float, n: int) -> ProbeResult:
+        self.calls.append((rate, n))
+        sent = np.arange(n) / rate
+        if rate >= self.capacity:
+            # Completions leave at the capacity, the backlog grows: the pruner stops it.
+            lat = 0.1 + np.arange(n) * (1.0 / self.capacity - 1.0 / rate)
+            recs = _records(sent, lat)
+            s = summarize(recs, slo=SLO10, offered_rate=rate,
+                          source="synthetic (test)")
+            return ProbeResult(s, pruned=True, prune_reason="unbounded_backlog: grows",
+                               server_s=float(sent[-1] + lat[-1]),
+                               completion_rate=completion_rate(recs))
+        lat = self.base / (1.0 - rate / self.capacity) * self.unit(n)
+        recs = _records(sent, lat)
+        s = summarize(recs, slo=SLO10, offered_rate=rate, source="synthetic (test)")
+        return ProbeResult(s, server_s=float(sent[-1] + lat[-1]),
+                           completion_rate=completion_rate(recs))
+
+    def true_ceiling(self, n: int, threshold: float, confidence: float = 0.95) -> float:
+        u = self.unit(n)
+        worst = max(quantile(u, 99.0), quantile_upper_bound(u, 99.0, confidence))
+        return self.capacity * (1.0 - self.base * worst / threshold)
+
+
+def test_min_samples_for_bound_is_where_the_bound_becomes_finite() -> None:
+    n = min_samples_for_bound(99.0, 0.95)
+    assert n == 299
+    assert math.isinf(quantile_upper_bound(np.arange(n - 1.0), 99.0, 0.95))
+    assert math.isfinite(quantile_upper_bound(np.arange(float(n)), 99.0, 0.95))
+
+
+@pytest.mark.parametrize("start_factor", [0.3, 0.55, 0.8, 1.3, 2.5])
+def test_lands_within_tol_below_the_true_ceiling(start_factor: float) -> None:
+    model = QueueModel()
+    truth = model.true_ceiling(400, 10.0)
+    res = find_ceiling(model, slo=SLO10, start_rate=start_factor * truth, num_prompts=400,
+                       max_num_prompts=400, max_probes=12)
+    assert res.feasible and res.converged
+    assert res.feasible_max <= truth + 1e-9  # never above
+    assert res.feasible_max >= truth * (1 - 0.03)  # within 3% below
+    assert res.infeasible_min > truth
+    assert res.infeasible_min / res.feasible_max - 1 <= 0.03 + 1e-12
+    assert res.binding == "p99:e2e"
+    assert res.search_probes == len(model.calls)
+    assert res.recommended_cap == pytest.approx(res.feasible_max * 0.9)
+
+
+def test_at_most_eight_probes_from_a_start_within_a_factor_two() -> None:
+    for factor in (0.5, 0.7, 1.0, 1.4, 2.0):
+        model = QueueModel()
+        truth = model.true_ceiling(400, 10.0)
+        res = find_ceiling(model, slo=SLO10, start_rate=factor * truth, num_prompts=400,
+                           max_num_prompts=400)
+        assert res.converged, (factor, [(p.rate, p.verdict) for p in res.probes])
+        assert res.search_probes <= 8
+        assert truth * 0.97 <= res.feasible_max <= truth
+
+
+def test_overloaded_probe_caps_the_next_guess() -> None:
+    model = QueueModel(capacity=20.0)
+    res = find_ceiling(model, slo=SLO10, start_rate=64.0, num_prompts=400,
+                       max_num_prompts=400, max_probes=12)
+    rates = [r for r, _ in model.calls]
+    # After failing at 64 with 20 req/s completed, the next probe goes to the capacity
+    # seen (20), not to 32, which would be as overloaded.
+    assert rates[1] == pytest.approx(20.0)
+    assert res.probes[0].overloaded
+    assert res.saturated_throughput == pytest.approx(20.0, rel=0.02)
+    assert res.saturated_how == "estimated from overloaded probes"
+    assert res.stepdown_probes == stepdown_probe_count(res.saturated_throughput,
+                                                       res.feasible_max)
+
+
+def test_budget_spent_reports_the_open_bracket() -> None:
+    model = QueueModel()
+    res = find_ceiling(model, slo=SLO10, start_rate=1.0, num_prompts=400,
+                       max_num_prompts=400, max_probes=3)
+    assert len(model.calls) == 3
+    assert not res.converged
+    assert res.feasible_max == 4.0 and res.infeasible_min is None
+    assert "at least" in res.sentence()
+    assert any("budget" in n for n in res.notes) or res.infeasible_min is None
+
+
+def test_sentence_names_rate_bound_and_cap() -> None:
+    model = QueueModel()
+    res = find_ceiling(model, slo=SLO10, start_rate=10.0, num_prompts=400,
+                       max_num_prompts=400)
+    text = res.sentence()
+    probe = res.feasible_probe()
+    assert probe is not None
+    bound = probe.check("p99:e2e").bound_s
+    assert bound <= 10.0
+    assert text.startswith("sustains ")
+    assert "with P99 ≤ 10 s (95% bound " in text
+    assert f"cap at {res.recommended_cap:.2f} req/s" in text
+    assert "simulated" not in text
+
+
+def test_infeasible_says_even_the_lowest_rate_misses() -> None:
+    calls: list[float] = []
+
+    def probe(rate: float, n: int) -> ProbeResult:
+        calls.append(rate)  # even an idle request takes 12 s: slower than the SLO
+        sent = np.arange(n) / rate
+        recs = _records(sent, np.full(n, 12.0))
+        return ProbeResult(summarize(recs, slo=SLO10, source="synthetic (test)"),
+                           completion_rate=completion_rate(recs))
+
+    res = find_ceiling(probe, slo=SLO10, start_rate=4.0, num_prompts=300,
+                       max_num_prompts=300, min_rate=0.5)
+    assert not res.feasible
+    assert res.feasible_max is None and res.recommended_cap is None
+    assert res.lowest_rate == pytest.approx(0.5)
+    assert res.sentence().startswith("even 0.5 req/s misses the SLO; the config cannot meet it")
+    assert calls == [4.0, 2.0, 1.0, 0.5]
+    assert res.binding == "p99:e2e"
+
+
+# ----------------------------------------------------------------------------- confidence
+
+
+class TailProbe:
+    """Exactly two slow requests (20 s) whatever n: at n=299 the p99 point estimate
+    passes a 10 s limit but its 95% bound (the maximum) does not; with more requests
+    the bound drops below the two outliers and the probe passes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int]] = []
+
+    def __call__(self, rate: float, n: int) -> ProbeResult:
+        self.calls.append((rate, n))
+        lat = np.full(n, 5.0 if rate <= 8 else 12.0)
+        lat[-2:] = 20.0
+        sent = np.arange(n) / rate
+        return ProbeResult(summarize(_records(sent, lat), slo=SLO10, offered_rate=rate,
+                                     source="synthetic (test)"))
+
+
+def test_point_pass_without_the_bound_is_uncertain() -> None:
+    probe = TailProbe()
+    s = probe(4.0, 299).summary
+    assert s.slo_check is not None and s.slo_check.met  # point estimate passes
+    checks = check_limits(s, SLO10, 0.95)
+    assert checks[0].point_ok and not checks[0].bound_ok
+    assert verdict_of(checks, pruned=False) == "uncertain"
+    assert verdict_of(checks, pruned=True) == "fail"
+
+
+def test_uncertain_probe_is_rerun_with_more_requests() -> None:
+    probe = TailProbe()
+    res = find_ceiling(probe, slo=SLO10, start_rate=4.0, tol=0.3, num_prompts=100,
+                       max_num_prompts=2000, max_probes=10)
+    ns = [n for _, n in probe.calls]
+    assert ns[0] == 299  # raised up front to where the bound is finite
+    assert ns[:3] == [299, 598, 1196]  # doubled while "more requests needed"
+    assert probe.calls[1][0] == probe.calls[0][0] == 4.0
+    assert any("more requests needed" in note for note in res.notes)
+    assert [p.phase for p in res.probes[:3]] == ["bracket", "more-requests", "more-requests"]
+    assert res.probes[2].verdict == "pass"
+    assert res.feasible_max is not None and 4.0 <= res.feasible_max <= 8.0
+
+
+def test_never_passes_on_luck_when_requests_run_out() -> None:
+    probe = TailProbe()
+    res = find_ceiling(probe, slo=SLO10, start_rate=4.0, num_prompts=299,
+                       max_num_prompts=600, max_probes=6, min_rate=1.0)
+    assert all(p.verdict != "pass" for p in res.probes)
+    assert not res.feasible
+    assert any("not counted as passing" in note for note in res.notes)
+    assert "only by its point estimate, not with 95% confidence" in res.sentence()
+
+
+def test_repeats_demote_a_lucky_boundary_and_report_spread() -> None:
+    model = QueueModel()
+    flaky_rate: list[float] = []
+
+    def probe(rate: float, n: int, *, repeat: int = 0) -> ProbeResult:
+        # Repeats of the first feasible_max fail: it met the SLO by luck.
+        if repeat and (not flaky_rate or flaky_rate[0] == rate):
+            flaky_rate[:1] = [rate]
+            return model(model.capacity * 1.5, n)
+        return model(rate, n)
+
+    res = find_ceiling(probe, slo=SLO10, start_rate=10.0, num_prompts=400,
+                       max_num_prompts=400, repeats=3)
+    assert flaky_rate, "repeats ran"
+    assert res.feasible_max is not None and res.feasible_max < flaky_rate[0]
+    assert any("repeats" in note for note in res.notes)
+    assert res.spread[0].rate == flaky_rate[0] and res.spread[0].passes == 1
+    assert res.spread[0].runs == 3
+    assert sum(p.phase == "repeat" for p in res.probes) >= 4
+    # Repeats do not count against the search budget.
+    assert res.search_probes == sum(p.phase != "repeat" for p in res.probes)
+
+
+def test_saturation_probe_when_no_start_rate() -> None:
+    model = QueueModel()
+    truth = model.true_ceiling(400, 10.0)
+
+    def probe(rate: float, n: int) -> ProbeResult:
+        if math.isinf(rate):
+            return model(model.capacity * 2, n)  # all at once: saturated
+        return model(rate, n)
+
+    res = find_ceiling(probe, slo=SLO10, start_rate=None, num_prompts=400,
+                       max_num_prompts=400)
+    assert res.probes[0].phase == "saturation"
+    assert res.saturated_how == "measured at rate inf"
+    assert res.saturated_throughput == pytest.approx(20.0, rel=0.02)
+    assert res.probes[1].rate == pytest.approx(0.7 * res.saturated_throughput)
+    assert res.converged and truth * 0.97 <= res.feasible_max <= truth
+    assert res.search_probes <= 8
+
+
+# ----------------------------------------------------------------------------- misc
+
+
+def test_stepdown_probe_count_follows_auto_tune() -> None:
+    # inf, then 21, 20, ..., 14 (the first integer <= 14.6 passes): 1 + 8.
+    assert stepdown_probe_count(20.3, 14.6) == 9
+    assert stepdown_probe_count(5.0, 6.2) == 2  # inf, then 6 passes
+    assert stepdown_probe_count(5.0, 5.9) == 3  # inf, 6 fails, 5 passes
+    assert stepdown_probe_count(3.2, 0.4) == 1 + 4  # 4, 3, 2, 1 all fail
+    # Saturated throughput below the ceiling: int + 1 passes at once, far below it.
+    assert stepdown_probe_count(13.0, 16.5) == 2
+    assert stepdown_rate(13.0, 16.5) == 14.0
+    assert stepdown_rate(20.3, 14.6) == 14.0
+    assert stepdown_rate(3.2, 0.4) is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tol": 0.0}, "tolerance"),
+        ({"tol": -0.1}, "tolerance"),
+        ({"start_rate": 0.0}, "start rate"),
+        ({"start_rate": -2.0}, "start rate"),
+        ({"start_rate": math.inf}, "start rate"),
+        ({"max_probes": 0}, "probe budget"),
+        ({"repeats": 0}, "repeats"),
+        ({"headroom": 1.0}, "headroom"),
+        ({"max_num_prompts": 100, "num_prompts": 50}, "needs at least 299"),
+        ({"max_num_prompts": 10, "num_prompts": 50}, "max_num_prompts"),
+    ],
+)
+def test_bad_input_raises_ceiling_error(kwargs: dict, message: str) -> None:
+    args = {"slo": SLO10, "start_rate": 1.0, "num_prompts": 300, "max_num_prompts": 600}
+    args.update(kwargs)
+    model = QueueModel()
+    with pytest.raises(CeilingError, match=message):
+        find_ceiling(model, **args)
+    assert model.calls == []  # nothing ran
+
+
+def test_to_dict_is_json_safe() -> None:
+    import json
+
+    model = QueueModel()
+    res = find_ceiling(model, slo=SLO10, start_rate=25.0, num_prompts=300,
+                       max_num_prompts=300)
+    data = res.to_dict()
+    text = json.dumps(data, allow_nan=False)
+    assert '"answer"' in text
+    assert data["probes"][0]["checks"][0]["label"] == "p99:e2e"
+    assert data["total_probes"] == len(res.probes)
+
+
+# ----------------------------------------------------------------------------- simulator
+
+
+SIM_SLO = parse_slo("4s")
+SIM_N = 300
+
+
+def _sim_pool() -> list:
+    from autotune.workload import Request
+
+    rng = np.random.default_rng(0)
+    return [Request("x", int(p), int(o))
+            for p, o in zip(rng.integers(32, 512, 400), rng.integers(16, 256, 400),
+                            strict=True)]
+
+
+@pytest.fixture(scope="module")
+def sim_truth() -> dict:
+    """The true ceiling of one simulated config, by sweeping the rate finely in
+    virtual time with the same probe (same workload, seed and pass rule).
+
+    Near the boundary pass/fail flickers over about 1% of rate (the 95% bound is one
+    order statistic, so it moves in steps), so the truth is a band: ``first_fail`` is
+    the lowest failing rate of the fine sweep, ``last_pass`` the highest passing one.
+    """
+    from autotune.ceiling import BackendProbe
+    from autotune.trial import SimBackend
+
+    backend = SimBackend("1xa100-80gb", "llama-3-8b")
+    probe = BackendProbe(backend, {"max_num_seqs": 32}, SIM_SLO, _sim_pool(), warmup=30)
+
+    def verdict(rate: float) -> str:
+        res = probe(rate, SIM_N)
+        return verdict_of(check_limits(res.summary, SIM_SLO, 0.95), res.pruned)
+
+    sat = probe(math.inf, SIM_N).summary.request_throughput
+    coarse = [(r, verdict(r)) for r in np.arange(0.3, 2.0001, 0.03) * sat]
+    first = min(r for r, v in coarse if v != "pass")
+    last = max(r for r, v in coarse if v == "pass")
+    step = 0.0025 * first
+    fine = [(r, verdict(r)) for r in np.arange(first / 1.03, last * 1.03 + step, step)]
+    sweep = sorted(coarse + fine)
+    return {
+        "probe": probe,
+        "saturated": sat,
+        "first_fail": min(r for r, v in sweep if v != "pass"),
+        "last_pass": max(r for r, v in sweep if v == "pass"),
+        "sweep_probes": len(sweep) + 1,
+    }
+
+
+# (start as a share of the true ceiling, None = the default saturation probe; budget)
+@pytest.mark.parametrize(("start", "budget"), [(None, 8), (0.5, 8), (0.8, 8), (1.0, 8),
+                                               (1.5, 12), (3.0, 12)])
+def test_simulated_ceiling_matches_the_fine_sweep(sim_truth: dict, start: float | None,
+                                                  budget: int) -> None:
+    truth_lo, truth_hi = sim_truth["first_fail"], sim_truth["last_pass"]
+    assert truth_hi / truth_lo - 1 < 0.02  # the flicker band is narrow
+    start_rate = None if start is None else start * truth_lo
+    res = find_ceiling(sim_truth["probe"], slo=SIM_SLO, start_rate=start_rate,
+                       num_prompts=SIM_N, max_num_prompts=SIM_N, max_probes=budget)
+    assert res.search_probes <= budget
+    assert res.converged
+    # Never above what the sweep saw pass; within 3% below the lowest failing rate.
+    assert res.feasible_max <= truth_hi * (1 + 1e-9)
+    assert res.feasible_max >= truth_lo * 0.97
+    assert res.simulated and res.sentence().startswith("simulated: sustains ")
+    # The 1 req/s step-down from the saturated throughput, for comparison.
+    sat = res.saturated_throughput or sim_truth["saturated"]
+    steps = stepdown_probe_count(sat, res.feasible_max)
+    print(f"start {start}: {res.search_probes} probes (truth band {truth_lo:.2f}-"
+          f"{truth_hi:.2f} req/s, found {res.feasible_max:.2f}); a 1 req/s step-down from "
+          f"{sat:.2f} req/s needs {steps}; the fine sweep took {sim_truth['sweep_probes']}")
+    assert steps >= 1

@@ -1,0 +1,177 @@
+"""`autotune ceiling` end to end: the simulator in virtual time, attach mode over HTTP
+against the simulator's server, and every bad input as one line with no file written."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from autotune.cli import app
+from autotune.server import SimServer, free_port, live_servers
+
+runner = CliRunner()
+SMALL = ["--dataset", "synthetic", "--input-len", "64", "--output-len", "48",
+         "--num-prompts", "300", "--max-num-prompts", "300", "--warmup", "20"]
+
+
+def ceiling(*args: str) -> tuple[int, str, str]:
+    result = runner.invoke(app, ["ceiling", *args])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_sim_ceiling_prints_table_and_writes_json_and_csv(tmp_path: Path) -> None:
+    out, rows = tmp_path / "ceiling.json", tmp_path / "probes.csv"
+    code, stdout, stderr = ceiling("--slo-p99", "2s", "--max-num-seqs", "32",
+                                   "--profile", "a100-80gb", "--model-profile", "llama-3-8b",
+                                   "--gpus", "1", *SMALL, "--output", str(out),
+                                   "--csv", str(rows))
+    assert code == 0, stderr
+    assert "simulated, virtual time" in stdout  # the table says how it was obtained
+    assert "saturation" in stdout and "PASS" in stdout
+    answer = [line for line in stdout.splitlines() if line.startswith("simulated: sustains")]
+    assert len(answer) == 1 and "cap at" in answer[0] and "95% bound" in answer[0]
+    assert "1 req/s step-down" in stdout
+    data = json.loads(out.read_text())
+    assert data["answer"] == answer[0]
+    assert data["source"].startswith("simulated")
+    assert data["config"] == {"max_num_seqs": 32}
+    assert data["feasible_max"] > 0
+    assert data["recommended_cap"] == pytest.approx(data["feasible_max"] * 0.9)
+    assert data["search_probes"] <= 8
+    assert data["infeasible_min"] is None or data["infeasible_min"] > data["feasible_max"]
+    passing = [p for p in data["probes"] if p["verdict"] == "pass"]
+    assert max(p["rate"] for p in passing) == data["feasible_max"]
+    for p in passing:  # every pass holds with its bound, not only the point estimate
+        assert all(c["bound_s"] <= c["threshold_s"] for c in p["checks"])
+    table = list(csv.DictReader(rows.open()))
+    assert len(table) == len(data["probes"])
+    assert {r["limit"] for r in table} == {"p99:e2e"}
+
+
+def test_param_and_flags_reach_the_simulator(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, _, stderr = ceiling("--slo-p99", "2s", "--param", "max_num_seqs=8",
+                              "--param", "enable_chunked_prefill=false", "--start-rate", "4",
+                              "--max-probes", "3", *SMALL, "--output", str(out))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["config"] == {"max_num_seqs": 8, "enable_chunked_prefill": False}
+    assert data["search_probes"] == 3
+
+
+def test_slo_no_rate_meets_exits_1_with_the_sentence(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, stdout, stderr = ceiling("--slo-p99", "50ms", "--start-rate", "2",
+                                   "--min-rate", "0.5", *SMALL, "--output", str(out))
+    assert code == 1
+    assert "even 0.5 req/s misses the SLO; the config cannot meet it" in stderr
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--tol", "0"], "--tol must be greater than 0"),
+    (["--tol", "-0.1"], "--tol must be greater than 0"),
+    (["--start-rate", "0"], "--start-rate must be a finite rate above 0"),
+    (["--start-rate", "-3"], "--start-rate must be a finite rate above 0"),
+    (["--num-prompts", "50", "--max-num-prompts", "100"], "needs at least 299 measured"),
+    (["--max-num-prompts", "100"], "must be at least num_prompts"),
+    (["--param", "oops"], "give key=value"),
+    (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
+    (["--profile", "no-such-gpu"], "simulator profile"),
+    (["--backend", "attach"], "needs --url"),
+    (["--trial", "3"], "--study and --trial go together"),
+])
+def test_bad_input_is_one_line_and_no_file(tmp_path: Path, args: list[str], message: str
+                                           ) -> None:
+    out = tmp_path / "c.json"
+    code, stdout, stderr = ceiling("--slo-p99", "2s", *args, "--output", str(out))
+    assert code == 2, stdout
+    assert message in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_config_from_a_study_trial(tmp_path: Path) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(study_name="s1",
+                                storage=f"sqlite:///{(tmp_path / 's1.db').as_posix()}")
+    trial = optuna.trial.create_trial(
+        params={}, distributions={}, value=1.0,
+        user_attrs={"result": {"flags": {"max_num_seqs": 8, "tensor_parallel_size": 1}}})
+    study.add_trial(trial)
+    out = tmp_path / "c.json"
+    code, _, stderr = ceiling("--slo-p99", "2s", "--study", "s1", "--trial", "0",
+                              "--studies-dir", str(tmp_path), "--max-num-seqs", "16",
+                              "--start-rate", "4", "--max-probes", "2", *SMALL,
+                              "--output", str(out))
+    assert code == 0, stderr
+    # The trial's config, with the flag given on the command line on top.
+    assert json.loads(out.read_text())["config"] == {"max_num_seqs": 16,
+                                                     "tensor_parallel_size": 1}
+    code, _, stderr = ceiling("--slo-p99", "2s", "--study", "s1", "--trial", "5",
+                              "--studies-dir", str(tmp_path))
+    assert code == 2 and "has no trial 5" in stderr
+
+
+def test_no_slo_and_unknown_study(tmp_path: Path) -> None:
+    code, _, stderr = ceiling("--max-num-seqs", "8")
+    assert code == 2 and "no SLO given" in stderr
+    code, _, stderr = ceiling("--slo-p99", "2s", "--study", "nope", "--trial", "1",
+                              "--studies-dir", str(tmp_path))
+    assert code == 2 and "no study database" in stderr
+
+
+def test_unreachable_server_is_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    code, _, stderr = ceiling("--slo-p99", "2s", "--url", url, "--output", str(out))
+    assert code == 2
+    assert f"no server at {url}" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.fixture
+def sim_server(tmp_path: Path):
+    server = SimServer("llama-3-8b", profile="a100-80gb", startup_delay_s=0,
+                       port=free_port(), log_dir=tmp_path / "logs")
+    try:
+        server.start({"max_num_seqs": 64})
+        yield server
+    finally:
+        server.stop()
+    assert live_servers() == []
+
+
+def test_attach_mode_against_the_simulators_http_server(sim_server: SimServer,
+                                                        tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, stdout, stderr = ceiling(
+        "--slo-p99", "1s", "--url", sim_server.endpoint, "--dataset", "synthetic",
+        "--input-len", "16", "--output-len", "12", "--num-prompts", "300",
+        "--max-num-prompts", "300", "--warmup", "10", "--start-rate", "40",
+        "--max-probes", "2", "--tol", "0.5", "--output", str(out))
+    assert code == 0, stderr
+    assert "measured over HTTP" in stdout
+    data = json.loads(out.read_text())
+    assert data["backend"]["kind"] == "attach"
+    assert data["source"] == "measured (HTTP)"
+    assert data["search_probes"] == 2
+    assert data["feasible"] and data["feasible_max"] >= 40
+    assert data["answer"].startswith("sustains")
+    # The drain between probes read the server's vLLM gauges.
+    assert any("drained" in n for n in data["notes"])
+    # No restart between probes: the same process served them all.
+    assert sim_server.alive()
+
+
+def test_attach_refuses_config_flags(sim_server: SimServer) -> None:
+    code, _, stderr = ceiling("--slo-p99", "1s", "--url", sim_server.endpoint,
+                              "--max-num-seqs", "8")
+    assert code == 2 and "cannot restart it" in stderr

@@ -136,6 +136,16 @@ def test_failures_show_in_the_summary(
     assert summary["num_failed"] == 10 and summary["num_completed"] == 20
 
 
+def test_infinite_rate_writes_valid_json(
+        fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
+    server = fake_server()
+    out = tmp_path / "r.json"
+    code, _, stderr = bench(*synthetic(server.url, "--output", str(out)), "--rate", "inf")
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["run"]["rate"] is None and data["summary"]["num_completed"] == 30
+
+
 def test_console_script_entry_point() -> None:
     proc = subprocess.run([sys.executable, "-m", "autotune", "bench", "--help"],
                           capture_output=True, text=True, timeout=60)

@@ -130,16 +130,17 @@ def _bench(**opts: object) -> None:
 
     url = str(o.url).rstrip("/")
     model = o.model or loadgen.fetch_model(url, api_key=o.api_key)
-    tok = tokenizer.load_tokenizer(o.tokenizer, server_url=url, model=model, api_key=o.api_key)
     total = o.num_prompts + o.warmup
-    if o.dataset is Dataset.sharegpt:
-        wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
-                                    max_model_len=o.max_model_len, seed=o.seed)
-    else:
-        wl = workload.synthetic_workload(
-            tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
-            distribution=o.length_distribution, input_spread=o.length_spread,
-            output_spread=o.length_spread, seed=o.seed)
+    with tokenizer.load_tokenizer(o.tokenizer, server_url=url, model=model,
+                                  api_key=o.api_key) as tok:
+        if o.dataset is Dataset.sharegpt:
+            wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
+                                        max_model_len=o.max_model_len, seed=o.seed)
+        else:
+            wl = workload.synthetic_workload(
+                tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
+                distribution=o.length_distribution, input_spread=o.length_spread,
+                output_spread=o.length_spread, seed=o.seed)
     for note in wl.notes:
         err_console.print(f"[dim]note:[/] {note}")
     if len(wl.requests) <= o.warmup:
@@ -171,7 +172,8 @@ def _bench(**opts: object) -> None:
                       "could not keep up, so these figures understate the server.")
 
     run = {
-        "url": url, "model": model, "rate": o.rate, "max_concurrency": o.max_concurrency,
+        "url": url, "model": model, "rate": None if o.rate == float("inf") else o.rate,
+        "max_concurrency": o.max_concurrency,
         "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
         "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
         "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,

@@ -1,0 +1,584 @@
+"""``autotune search``: server configs and rate caps under a P99 SLO, for goodput.
+
+Everything the user can get wrong is checked before anything is written: the SLO,
+the search space, the sampler, the profile, the workload, then the storage.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autotune.cli._app import app
+from autotune.cli._common import (
+    UsageError,
+    atomic_write,
+    console,
+    err_console,
+    one_line_errors,
+    write_json,
+)
+
+BACKENDS = ("sim", "vllm", "attach")
+DEFAULT_PROFILE = ("a100-80gb", "llama-3-8b", 4)
+
+
+@app.command("search")
+def search(
+    slo_p99: Annotated[str | None, typer.Option(
+        help="P99 end-to-end latency limit, e.g. 10s.")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="More limits, e.g. 'p99:ttft<=2s,p99:tpot<=100ms'.")] = None,
+    space: Annotated[str, typer.Option(
+        help="Search space: a YAML path or a name in search_spaces/.")] = "default",
+    gpus: Annotated[int | None, typer.Option(
+        help="GPUs of the node (rule: TP <= GPUs; the simulator's GPU count).")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="Simulator profile HARDWARE[:MODEL], e.g. a100-80gb:llama-3-8b "
+             "(default: the space's).")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Model to serve (a path or name); implies --backend vllm.")] = None,
+    backend: Annotated[str | None, typer.Option(
+        help="sim (virtual time, default without --model/--url), vllm, or attach.")] = None,
+    study_name: Annotated[str | None, typer.Option(
+        help="Study name; the same name resumes the study.")] = None,
+    storage: Annotated[str | None, typer.Option(
+        help="Optuna storage URL (default sqlite:///studies/<name>.db).")] = None,
+    sampler: Annotated[str, typer.Option(help="tpe, gp, random or grid.")] = "tpe",
+    n_trials: Annotated[int | None, typer.Option(
+        help="Finished trials the study should reach (default 60 sim, 20 otherwise).")
+    ] = None,
+    timeout: Annotated[str | None, typer.Option(
+        help="Stop starting trials after this wall time, e.g. 30m.")] = None,
+    budget: Annotated[str | None, typer.Option(
+        help="Total server time, restarts included (virtual for sim), e.g. 2h.")] = None,
+    objective: Annotated[str, typer.Option(
+        help="tokens (goodput output tok/s) or requests (goodput req/s).")] = "tokens",
+    per_gpu: Annotated[bool, typer.Option(
+        help="Divide the objective by the GPUs a config uses.")] = False,
+    num_prompts: Annotated[int, typer.Option(help="Measured requests per trial.")] = 1000,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per trial.")] = 100,
+    seed: Annotated[int, typer.Option(help="Seed of workload, arrivals and sampler.")] = 0,
+    prescreen: Annotated[str | None, typer.Option(
+        help="'sim': run the study in virtual time first, then measure its top configs.")
+    ] = None,
+    prescreen_trials: Annotated[int, typer.Option(help="Trials of the pre-screen.")] = 40,
+    top_k: Annotated[int, typer.Option(help="Pre-screened configs to measure first.")] = 3,
+    vllm_cmd: Annotated[str, typer.Option(
+        help="Command that starts vLLM (the model is appended, or passed as --model "
+             "when the command does not end in 'serve').")] = "vllm serve",
+    url: Annotated[str | None, typer.Option(
+        help="Attach to this running server (only the rate cap is searched).")] = None,
+    no_prune: Annotated[bool, typer.Option(
+        "--no-prune", help="Run every load test to the end.")] = False,
+    headroom: Annotated[float, typer.Option(
+        help="Rate cap this share under the highest feasible rate.")] = 0.10,
+    studies_dir: Annotated[Path, typer.Option(
+        help="Folder of study databases and result files.")] = Path("studies"),
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Context limit for sampling ShareGPT (default: the space's).")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
+    ] = None,
+) -> None:
+    """Search vLLM configs and rate caps for the highest goodput under the SLO."""
+    with one_line_errors():
+        code = _search(SimpleNamespace(**locals()))
+    if code:
+        raise typer.Exit(code)
+
+
+# ----------------------------------------------------------------------------- parsing
+
+
+def _duration(name: str, text: str | None) -> float | None:
+    if text is None:
+        return None
+    from autotune.slo import SLOError, parse_duration
+
+    try:
+        return parse_duration(text)
+    except SLOError as exc:
+        raise UsageError(f"{name}: {exc}") from None
+
+
+def parse_profile(text: str | None, space_profile: dict[str, Any], gpus: int | None
+                  ) -> tuple[str, str, int]:
+    hw, mdl, count = (space_profile.get("hardware", DEFAULT_PROFILE[0]),
+                      space_profile.get("model", DEFAULT_PROFILE[1]),
+                      int(space_profile.get("gpus", DEFAULT_PROFILE[2])))
+    if text:
+        head, _, tail = text.partition(":")
+        m = re.match(r"^(\d+)\s*[x×]\s*(.+)$", head.strip())
+        if m:
+            count, head = int(m.group(1)), m.group(2)
+        hw = head.strip() or hw
+        mdl = tail.strip() or mdl
+    if gpus is not None:
+        count = gpus
+    return hw, mdl, count
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "", text.lower().replace(".", "p"))
+
+
+@dataclass
+class Plan:
+    """Everything validated, nothing written yet."""
+
+    slo: Any
+    space: Any
+    backend: str
+    name: str
+    storage: str
+    settings: Any
+    hardware: str
+    sim_model: str
+    gpus: int
+
+
+def _validate(o: SimpleNamespace) -> Plan:
+    from autotune.slo import combine
+    from autotune.space import SearchSpace
+    from autotune.study import (
+        OBJECTIVES,
+        SAMPLERS,
+        StudySettings,
+        make_sampler,
+        storage_url,
+        validate_name,
+    )
+
+    if o.slo_p99 is None and o.slo is None:
+        raise UsageError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
+    slo = combine(o.slo_p99, o.slo)
+    space = SearchSpace.load(o.space)
+    if o.sampler.lower() not in SAMPLERS:
+        raise UsageError(f"unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}")
+    make_sampler(o.sampler, seed=o.seed, space=space)  # e.g. GP without PyTorch
+    if o.objective not in OBJECTIVES:
+        raise UsageError(f"unknown objective {o.objective!r}; use tokens or requests")
+    backend = o.backend or ("attach" if o.url else "vllm" if o.model else "sim")
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "attach" and not o.url:
+        raise UsageError("--backend attach needs --url of the running server")
+    if o.prescreen is not None and o.prescreen != "sim":
+        raise UsageError(f"unknown --prescreen {o.prescreen!r}; the only pre-screen is 'sim'")
+    if o.prescreen and backend != "vllm":
+        raise UsageError("--prescreen sim seeds a real study: use it with --backend vllm")
+    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
+                             ("--top-k", o.top_k, 1), ("--prescreen-trials",
+                                                       o.prescreen_trials, 1)):
+        if value < low:
+            raise UsageError(f"{name} must be at least {low}, got {value}")
+    if o.n_trials is not None and o.n_trials < 1:
+        raise UsageError(f"--n-trials must be at least 1, got {o.n_trials}")
+    if o.gpus is not None and o.gpus < 1:
+        raise UsageError(f"--gpus must be at least 1, got {o.gpus}")
+    if not 0 <= o.headroom < 1:
+        raise UsageError(f"--headroom must be in [0, 1), got {o.headroom}")
+    timeout_s, budget_s = _duration("--timeout", o.timeout), _duration("--budget", o.budget)
+    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
+    heads = space.attention_heads
+    if backend == "sim" or o.prescreen:
+        from autotune.sim.profiles import ProfileError, load_hardware, load_model
+
+        try:
+            load_hardware(f"{count}x{hw}")
+            heads = load_model(sim_model).num_attention_heads
+        except (ProfileError, OSError, ValueError) as exc:
+            raise UsageError(f"--profile {o.profile or hw}: {exc}") from None
+    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
+    validate_name(name)
+    url = storage_url(name, o.storage, o.studies_dir)
+    if o.storage:
+        _check_storage_url(url)
+    if o.storage and url.startswith("sqlite:///"):
+        folder = Path(url[len("sqlite:///"):]).resolve().parent
+        if not folder.is_dir():
+            raise UsageError(f"cannot open storage {url}: folder {folder} does not exist")
+    settings = StudySettings(
+        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
+        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
+        seed=o.seed, n_trials=o.n_trials or (60 if backend == "sim" else 20),
+        # The default simulated study must finish in well under two minutes even on a
+        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
+        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
+        else 75.0,
+        budget_s=budget_s, prune=not o.no_prune, attention_heads=heads)
+    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
+                settings=settings, hardware=hw, sim_model=sim_model, gpus=count)
+
+
+def _check_storage_url(url: str) -> None:
+    """A URL sqlalchemy cannot even parse, or whose database driver is missing, fails
+    here before the workload is built (reachability is checked when it is opened)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise UsageError(f"cannot open storage {url}: {exc}") from None
+
+
+def _workload(o: SimpleNamespace, plan: Plan) -> Any:
+    from autotune.tokenizer import load_tokenizer
+    from autotune.workload import load_sharegpt
+
+    tok = load_tokenizer(o.tokenizer)
+    mml = o.max_model_len or int(plan.space.fixed.get("max_model_len") or 8192)
+    return load_sharegpt(tokenizer=tok, num_prompts=o.num_prompts + o.warmup,
+                         max_model_len=mml, seed=o.seed)
+
+
+def _load_plan(slo: Any, wl: Any, warmup: int, seed: int) -> Any:
+    from autotune.trial import LoadPlan
+
+    reqs = list(wl.requests)
+    n_warm = min(warmup, max(len(reqs) - 1, 0))
+    return LoadPlan(slo=slo, requests=reqs[n_warm:], warmup_requests=reqs[:n_warm],
+                    warmup=n_warm, seed=seed, window_s=1.0)
+
+
+def _backend(o: SimpleNamespace, plan: Plan) -> Any:
+    from autotune.trial import ServerBackend, SimBackend
+
+    if plan.backend == "sim":
+        return SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    if plan.backend == "attach":
+        from autotune.server import AttachedServer
+
+        return ServerBackend(AttachedServer(o.url), name="attach", gpus=plan.gpus)
+    from autotune.server import VllmServer
+
+    cmd = shlex.split(o.vllm_cmd)
+    if not cmd:
+        raise UsageError("--vllm-cmd is empty: give the command that starts vLLM")
+    model = o.model or plan.space.fixed.get("model")
+    if not model:
+        raise UsageError("--backend vllm needs --model (or 'model' under fixed: in the space)")
+    server = VllmServer(str(model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
+                        log_dir=plan.settings.out_dir / "logs")
+    return ServerBackend(server, name="vllm", gpus=plan.gpus)
+
+
+def _attach_space(space: Any) -> Any:
+    """An attached server cannot restart: only client-side parameters are searched."""
+    from dataclasses import replace
+
+    from autotune.space import CLIENT_PARAMS
+
+    params = {k: v for k, v in space.params.items() if k in CLIENT_PARAMS}
+    if not params:
+        raise UsageError(f"space {space.name} has no request_rate to search on an attached "
+                         "server")
+    base = {k: v for k, v in space.baseline.items() if k in params}
+    return replace(space, params=params, baseline=base, rules=())
+
+
+# ----------------------------------------------------------------------------- live view
+
+
+class LiveView:
+    """A rich table of the trials so far (one line per trial when not a terminal)."""
+
+    def __init__(self, out: Console, slo: Any, backend: str) -> None:
+        self.out = out
+        self.slo = slo
+        self.rows: list[list[str]] = []
+        self.live: Live | None = None
+        self.how = ("simulated (virtual time)" if backend == "sim"
+                    else "measured (HTTP)")
+
+    def __enter__(self) -> LiveView:
+        if self.out.is_terminal:
+            self.live = Live(self._table(), console=self.out, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        t = Table(title=f"trials ({self.how}; SLO {self.slo})", title_justify="left")
+        for col in ("#", "config", "rate", "goodput tok/s", "P99 e2e s", "result"):
+            t.add_column(col, justify="right" if col in ("#", "rate", "goodput tok/s",
+                                                         "P99 e2e s") else "left")
+        for row in self.rows[-20:]:
+            t.add_row(*row)
+        return t
+
+    def add(self, number: int, result: Any, violations: list[Any]) -> None:
+        from autotune.recommend import flags_line
+
+        if result is None:
+            row = [str(number), "", "", "-", "-",
+                   "not launched: " + "; ".join(str(v) for v in violations)]
+        else:
+            s = result.summary
+            good = "-" if s is None or not result.feasible else f"{s.goodput_tokens:,.0f}"
+            p99 = "-" if s is None or not math.isfinite(s.e2e.p99) else f"{s.e2e.p99:.2f}"
+            if result.feasible:
+                verdict = "feasible"
+            elif result.status == "pruned":
+                verdict = f"pruned at {result.prune.at_s:.0f}s: {result.reason}"
+            else:
+                verdict = f"infeasible: {result.reason}"
+                if result.detail and result.reason != "slo_missed":
+                    verdict += f" ({result.detail[:60]})"
+            row = [str(number), flags_line(result.flags), f"{result.rate:.2f}", good, p99,
+                   verdict]
+        self.rows.append(row)
+        if self.live is not None:
+            self.live.update(self._table())
+        else:
+            self.out.print(f"trial {row[0]:>3}  {row[1]:<48} rate {row[2]:>6}  "
+                           f"goodput {row[3]:>8}  p99 {row[4]:>6}  {row[5]}",
+                           soft_wrap=True, highlight=False)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def _search(o: SimpleNamespace) -> int:
+    import optuna
+
+    from autotune import recommend as rec_mod
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autotune.study import open_storage, rate_bounds, run_study
+
+    plan = _validate(o)
+    if plan.backend == "attach":
+        plan.space = _attach_space(plan.space)
+        plan.settings.space = plan.space
+    elif o.model and "model" not in plan.space.fixed:
+        # So the recommendation's `vllm serve` line names the model that was measured.
+        from dataclasses import replace
+
+        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
+        plan.settings.space = plan.space
+    wl = _workload(o, plan)
+    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed)
+    storage = open_storage(plan.storage)  # the first write: everything else is checked
+    out = console
+    out.print(f"study [bold]{plan.name}[/] ({plan.storage}); backend {plan.backend}; "
+              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source}, "
+              f"{len(load_plan.requests)} measured + {load_plan.warmup} warm-up requests "
+              f"per trial, tokens counted with {wl.tokenizer}", soft_wrap=True)
+    enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    if o.prescreen:
+        enqueue = _prescreen(o, plan, load_plan, storage, out)
+    backend = _backend(o, plan)
+    try:
+        with LiveView(out, plan.slo, plan.backend) as view:
+            run = run_study(plan.settings, backend, load_plan, storage=storage,
+                            enqueue=enqueue, on_result=view.add)
+        views = _views(run.study)
+        bounds = rate_bounds(plan.space)
+        rec = rec_mod.recommend(
+            views, slo=str(plan.slo),
+            objective=("output tok/s" if o.objective == "tokens" else "req/s")
+            + (" per GPU" if o.per_gpu else ""),
+            headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        if plan.backend == "attach":
+            rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
+                                "cannot see its flags; keep them and enforce the rate cap)")
+        _rate_table(rec, views, backend, load_plan, plan)
+        _baseline_ceiling(rec, backend, load_plan, plan)
+    except rec_mod.RecommendError as exc:
+        err_console.print(f"[bold red]no recommendation:[/] {exc}", soft_wrap=True)
+        return 1
+    except KeyboardInterrupt:
+        err_console.print("interrupted: the finished trials are saved; run the same "
+                          "command to resume", soft_wrap=True)
+        return 130
+    finally:
+        backend.close()
+    if run.stale_failed:
+        rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
+                         "marked failed and retried")
+    rec.notes.append(
+        f"this run: {run.new_trials} new trials in {run.wall_s:.1f} s wall, "
+        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}),"
+        f" stopped by {run.stopped_by}; pruning saved about {run.saved_s:.0f} s of "
+        "load-test arrivals")
+    folder = plan.settings.out_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "recommendation.json", rec.to_dict())
+    md = rec_mod.to_markdown(rec)
+    atomic_write(folder / "recommendation.md", md)
+    _print(out, rec, folder)
+    return 0
+
+
+def _prescreen(o: SimpleNamespace, plan: Plan, load_plan: Any, storage: Any, out: Console
+               ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    from dataclasses import replace
+
+    from autotune.study import prescreen_enqueue, rows_from_study, run_study
+    from autotune.trial import SimBackend
+
+    sim = SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
+                  timeout_s=None, budget_s=None)
+    run = run_study(pre, sim, load_plan, storage=storage)
+    picks = prescreen_enqueue(rows_from_study(run.study, plan.space), plan.space, sim,
+                              load_plan, top_k=o.top_k)
+    out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
+              f"measuring the top {len(picks)} configs first, each at its predicted "
+              "ceiling", soft_wrap=True)
+    return picks
+
+
+def _views(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    from autotune.recommend import view_from_row
+
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        out.append(view_from_row(t.number, t.user_attrs, value=t.value, state=t.state.name,
+                                 baseline=bool(t.user_attrs.get("baseline")),
+                                 params=t.params))
+    return out
+
+
+def _rate_table(rec: Any, views: list[Any], backend: Any, load_plan: Any, plan: Plan) -> None:
+    """The seed-style table for the recommended config: simulated ladder on the sim,
+    otherwise the measured trials of that config (no extra GPU time is spent)."""
+    from autotune.recommend import table_row
+    from autotune.trial import probe
+
+    best = rec.best
+    if backend.mode == "virtual" and best.max_feasible_rate:
+        top = best.max_feasible_rate
+        rates = sorted({round(top * f, 1) for f in (0.5, 0.75, 1.0, 1.25, 1.5)}
+                       | ({rec.rate_cap} if rec.rate_cap else set()))
+        for rate in rates:
+            r = probe(backend, best.flags, rate, load_plan, prune=False)
+            s = r.summary
+            rec.table.append(table_row(
+                rate, output_throughput=None if s is None else s.output_throughput,
+                p99_e2e_s=None if s is None else s.e2e.p99, gpu_util_pct=r.gpu_util(),
+                feasible=r.feasible, pruned_by=None, measured=False))
+        rec.table_how = (f"Simulated (virtual time), full load tests of "
+                         f"{len(load_plan.requests)} measured requests each, no pruning; "
+                         "GPU util = simulated busy share of the measured window.")
+        return
+    key = next(v.config_key for v in views if v.number == best.trial)
+    for v in sorted((v for v in views if v.config_key == key and v.rate is not None),
+                    key=lambda v: v.rate):
+        rec.table.append(table_row(
+            v.rate, output_throughput=v.output_throughput, p99_e2e_s=v.p99_e2e_s,
+            gpu_util_pct=v.gpu_util_pct, feasible=v.feasible,
+            pruned_by=v.reason if v.status == "pruned" else None, measured=True))
+    rec.table_how = ("Measured: the study's own trials of this config (pruned ones stopped "
+                     "early); GPU util from NVML where available.")
+
+
+def _baseline_ceiling(rec: Any, backend: Any, load_plan: Any, plan: Plan) -> None:
+    """On the simulator, compare at equal footing: the baseline config at its own
+    ceiling (bisection over the space's rates), not only at the baseline trial's rate."""
+    from autotune.study import predicted_ceiling, rate_bounds
+
+    base = rec.baseline
+    bounds = rate_bounds(plan.space)
+    if backend.mode != "virtual" or base is None or bounds is None or not base.flags:
+        return
+    rate, res = predicted_ceiling(backend, base.flags, load_plan, low=bounds[0],
+                                  high=bounds[1])
+    vs = rec.vs_baseline
+    vs["baseline_ceiling_rate"] = rate
+    if res is None or res.summary is None:
+        vs["baseline_ceiling_note"] = (f"simulated: vLLM's defaults miss the SLO even at "
+                                       f"{bounds[0]:g} req/s")
+        return
+    good = res.summary.goodput_tokens
+    vs["baseline_ceiling_goodput_tokens"] = good
+    vs["baseline_ceiling_p99_e2e_s"] = res.summary.e2e.p99
+    if good and rec.best.goodput_tokens:
+        vs["goodput_ratio_at_ceilings"] = rec.best.goodput_tokens / good
+    vs["baseline_ceiling_note"] = (f"simulated: vLLM's defaults at their own ceiling "
+                                   f"{rate:.2f} req/s (bisection, {len(load_plan.requests)} "
+                                   "measured requests per probe)")
+
+
+def _print(out: Console, rec: Any, folder: Path) -> None:
+    from autotune.recommend import flags_line
+
+    b = rec.best
+    out.print()
+    out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
+              soft_wrap=True)
+    out.print(f"  goodput {b.goodput_tokens:,.0f} output tok/s ({b.goodput_requests:.2f} "
+              f"req/s) at {b.rate:.2f} req/s, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
+              f"{b.attainment:.1%}", soft_wrap=True)
+    if b.predicted:
+        p = b.predicted
+        out.print(f"  predicted by the simulator pre-screen: ceiling "
+                  f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
+                  f"{p.get('goodput_tokens') or 0:,.0f} tok/s, P99 {p.get('p99_e2e_s') or 0:.2f} s"
+                  " (simulated) vs measured above", soft_wrap=True)
+    ratio = rec.vs_baseline.get("objective_ratio")
+    base = rec.baseline
+    if base is not None:
+        verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
+                   else rec.vs_baseline.get("note", ""))
+        out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
+                  f"{base.rate:g} req/s): {verdict}", soft_wrap=True)
+        ceil_ratio = rec.vs_baseline.get("goodput_ratio_at_ceilings")
+        if ceil_ratio is not None:
+            out.print(f"  vs vLLM defaults at their own ceiling "
+                      f"({rec.vs_baseline['baseline_ceiling_rate']:.2f} req/s, "
+                      f"{rec.vs_baseline['baseline_ceiling_goodput_tokens']:,.0f} tok/s, "
+                      f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
+        elif rec.vs_baseline.get("baseline_ceiling_note"):
+            out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
+    out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
+              f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, the highest rate "
+              "at which it met the SLO)", soft_wrap=True)
+    out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
+    for p in rec.next_best:
+        out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
+                  f"{p.goodput_tokens:,.0f} tok/s, P99 {p.p99_e2e_s:.2f} s", soft_wrap=True)
+    if rec.table:
+        t = Table(title="recommended config across rates", caption=rec.table_how,
+                  title_justify="left", caption_justify="left")
+        for col in ("rate (req/s)", "output tok/s", "P99 e2e (s)", "GPU util", "overloaded"):
+            t.add_column(col, justify="left" if col == "overloaded" else "right")
+        for row in rec.table:
+            gpu = row.get("gpu_util_pct")
+            t.add_row(f"{row['rate']:g}",
+                      "-" if row["output_throughput"] is None
+                      else f"{row['output_throughput']:,.0f}",
+                      "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",
+                      "-" if gpu is None else f"{gpu:.0f}%"
+                      + (" (sim)" if row["source"] == "simulated" else ""),
+                      row["overloaded"])
+        out.print(t)
+    for note in rec.notes:
+        out.print(f"note: {note}", soft_wrap=True)
+    out.print(f"wrote {folder / 'recommendation.json'} and {folder / 'recommendation.md'}",
+              soft_wrap=True)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,320 @@
+"""From a finished study to a recommendation (pure).
+
+The best feasible trial (highest objective among trials that met every SLO limit),
+how it compares with the vLLM-defaults baseline, the next best configs, the exact
+``vllm serve`` command, and the rate cap to enforce at the gateway: ``headroom``
+(default 10%) under the highest feasible rate seen for the recommended config.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from autotune.space import CLIENT_PARAMS, serve_command
+
+DEFAULT_HEADROOM = 0.10
+
+
+class RecommendError(ValueError):
+    """There is nothing to recommend from (no trial finished, none feasible)."""
+
+
+@dataclass(frozen=True)
+class TrialView:
+    """What the recommendation needs of one trial (built from Optuna rows)."""
+
+    number: int
+    flags: dict[str, Any]
+    rate: float | None
+    status: str  # complete | pruned | infeasible | failed
+    feasible: bool
+    value: float | None  # the objective (goodput), None when not complete
+    goodput_tokens: float | None
+    goodput_requests: float | None
+    output_throughput: float | None
+    p99_e2e_s: float | None
+    attainment: float | None
+    gpu_util_pct: float | None
+    gpus: int
+    reason: str | None = None
+    baseline: bool = False
+    source: str = ""
+    predicted: dict[str, Any] | None = None
+
+    @property
+    def config_key(self) -> str:
+        return json.dumps({k: v for k, v in sorted(self.flags.items())
+                           if k not in CLIENT_PARAMS}, sort_keys=True, default=str)
+
+
+def view_from_row(number: int, attrs: Mapping[str, Any], *, value: float | None,
+                  state: str, baseline: bool, params: Mapping[str, Any]) -> TrialView:
+    """A :class:`TrialView` from a trial's ``result`` user attr (see ``trial.to_attrs``)."""
+    res = attrs.get("result") or {}
+    summ = res.get("summary") or {}
+    e2e = summ.get("e2e") or {}
+    tele = res.get("telemetry") or {}
+    status = res.get("status") or ("failed" if state == "FAIL" else "?")
+    return TrialView(
+        number=number, flags=dict(res.get("flags") or {}),
+        rate=res.get("rate", params.get("request_rate")), status=status,
+        feasible=bool(res.get("feasible")) and state == "COMPLETE",
+        value=value if state == "COMPLETE" else None,
+        goodput_tokens=summ.get("goodput_tokens"), goodput_requests=summ.get("goodput_requests"),
+        output_throughput=summ.get("output_throughput"), p99_e2e_s=e2e.get("p99"),
+        attainment=summ.get("attainment"), gpu_util_pct=tele.get("gpu_util_mean_pct"),
+        gpus=int(res.get("gpus") or 1), reason=res.get("reason"), baseline=baseline,
+        source=summ.get("source") or "", predicted=attrs.get("predicted"))
+
+
+@dataclass
+class Pick:
+    trial: int
+    flags: dict[str, Any]
+    rate: float | None
+    value: float
+    goodput_tokens: float | None
+    goodput_requests: float | None
+    p99_e2e_s: float | None
+    attainment: float | None
+    gpus: int
+    max_feasible_rate: float | None
+    command: str
+    predicted: dict[str, Any] | None = None
+
+
+@dataclass
+class Recommendation:
+    slo: str
+    objective: str  # "output tok/s" / "req/s", "per GPU" appended when asked
+    best: Pick
+    baseline: TrialView | None
+    vs_baseline: dict[str, Any]
+    next_best: list[Pick]
+    rate_cap: float | None
+    headroom: float
+    trials: dict[str, int]  # counts by status
+    source: str  # how the figures were obtained
+    notes: list[str] = field(default_factory=list)
+    table: list[dict[str, Any]] = field(default_factory=list)  # seed-style rate table
+    table_how: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return _finite(asdict(self))
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _pick(view: TrialView, views: Sequence[TrialView]) -> Pick:
+    same = [v.rate for v in views
+            if v.feasible and v.config_key == view.config_key and v.rate is not None]
+    return Pick(trial=view.number, flags=view.flags, rate=view.rate, value=view.value or 0.0,
+                goodput_tokens=view.goodput_tokens, goodput_requests=view.goodput_requests,
+                p99_e2e_s=view.p99_e2e_s, attainment=view.attainment, gpus=view.gpus,
+                max_feasible_rate=max(same) if same else view.rate,
+                command=serve_command(view.flags), predicted=view.predicted)
+
+
+def cap_with_headroom(rate: float | None, headroom: float = DEFAULT_HEADROOM) -> float | None:
+    """The gateway rate cap: ``headroom`` under the highest feasible rate seen."""
+    if rate is None:
+        return None
+    if not 0 <= headroom < 1:
+        raise RecommendError(f"headroom must be in [0, 1), got {headroom}")
+    return round(rate * (1.0 - headroom), 2)
+
+
+def recommend(
+    views: Sequence[TrialView],
+    *,
+    slo: str,
+    objective: str = "output tok/s",
+    headroom: float = DEFAULT_HEADROOM,
+    top: int = 3,
+    rate_high: float | None = None,
+) -> Recommendation:
+    """Rank feasible trials; one pick per config (its best trial)."""
+    counts: dict[str, int] = {}
+    for v in views:
+        key = "feasible" if v.feasible else v.status
+        counts[key] = counts.get(key, 0) + 1
+    feasible = sorted((v for v in views if v.feasible and v.value is not None),
+                      key=lambda v: (-(v.value or 0.0), v.number))
+    if not feasible:
+        why = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials"
+        raise RecommendError(
+            f"no trial met the SLO {slo} ({why}): relax the SLO, widen the search space "
+            "(lower request_rate), or run more trials")
+    picks: list[Pick] = []
+    seen: set[str] = set()
+    for v in feasible:
+        if v.config_key in seen:
+            continue
+        seen.add(v.config_key)
+        picks.append(_pick(v, views))
+        if len(picks) > top:
+            break
+    best = picks[0]
+    baseline = next((v for v in views if v.baseline), None)
+    vs = _versus(best, baseline)
+    notes = []
+    if rate_high is not None and best.max_feasible_rate is not None and (
+            best.max_feasible_rate >= 0.98 * rate_high):
+        notes.append(f"the best config met the SLO at the top of the searched rate range "
+                     f"({rate_high:g} req/s): its ceiling may be higher; widen request_rate")
+    source = feasible[0].source or "unknown source"
+    return Recommendation(
+        slo=slo, objective=objective, best=best, baseline=baseline, vs_baseline=vs,
+        next_best=picks[1:], rate_cap=cap_with_headroom(best.max_feasible_rate, headroom),
+        headroom=headroom, trials=counts, source=source, notes=notes)
+
+
+def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
+    if baseline is None:
+        return {"note": "no baseline trial in this study"}
+    out: dict[str, Any] = {
+        "baseline_trial": baseline.number, "baseline_feasible": baseline.feasible,
+        "baseline_rate": baseline.rate, "baseline_p99_e2e_s": baseline.p99_e2e_s,
+        "baseline_goodput_tokens": baseline.goodput_tokens,
+        "baseline_attainment": baseline.attainment, "baseline_status": baseline.status,
+        "baseline_reason": baseline.reason,
+    }
+    if baseline.feasible and baseline.value:
+        out["objective_ratio"] = best.value / baseline.value
+    else:
+        out["objective_ratio"] = None
+        out["note"] = (f"the vLLM-defaults baseline did not meet the SLO at "
+                       f"{baseline.rate} req/s ({baseline.reason or baseline.status}): any "
+                       "feasible config beats it")
+    return out
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def _num(x: Any, fmt: str = ",.0f", none: str = "-") -> str:
+    if x is None or isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
+        return none
+    return format(x, fmt)
+
+
+def flags_line(flags: Mapping[str, Any]) -> str:
+    short = {"tensor_parallel_size": "TP", "max_num_seqs": "seqs",
+             "max_num_batched_tokens": "batch-tok", "enable_chunked_prefill": "chunked",
+             "gpu_memory_utilization": "mem"}
+    return " ".join(f"{short.get(k, k)}={v}" for k, v in flags.items()
+                    if k in short)
+
+
+def to_markdown(rec: Recommendation) -> str:
+    b = rec.best
+    lines = [
+        "# autotune recommendation",
+        "",
+        f"SLO: `{rec.slo}`; objective: goodput in {rec.objective}.  ",
+        f"Figures: {rec.source}; each is one load test at the trial's rate "
+        "(warm-up excluded).",
+        "",
+        "## Deploy",
+        "",
+        "```",
+        b.command,
+        "```",
+        "",
+        f"Rate cap at the gateway: **{_num(rec.rate_cap, '.2f')} req/s** "
+        f"({rec.headroom:.0%} under {_num(b.max_feasible_rate, '.2f')} req/s, the highest "
+        "rate at which this config met the SLO).",
+        "",
+        "## Best config",
+        "",
+        "| trial | config | rate (req/s) | goodput (tok/s) | goodput (req/s) | P99 e2e (s) "
+        "| attainment |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for p in [b, *rec.next_best]:
+        lines.append(
+            f"| {p.trial} | {flags_line(p.flags)} | {_num(p.rate, '.2f')} | "
+            f"{_num(p.goodput_tokens)} | {_num(p.goodput_requests, '.2f')} | "
+            f"{_num(p.p99_e2e_s, '.2f')} | {_num(p.attainment, '.1%')} |")
+    lines += ["", "The first row is the recommendation; the others are the next best "
+              "configs (one row per config, its best trial).", ""]
+    base = rec.baseline
+    lines += ["## Against vLLM's defaults", ""]
+    if base is None:
+        lines.append("No baseline trial.")
+    else:
+        lines.append(
+            f"Baseline (trial {base.number}, {flags_line(base.flags)} at "
+            f"{_num(base.rate, '.2f')} req/s): goodput {_num(base.goodput_tokens)} tok/s, "
+            f"P99 e2e {_num(base.p99_e2e_s, '.2f')} s, attainment "
+            f"{_num(base.attainment, '.1%')}, "
+            f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
+        ratio = rec.vs_baseline.get("objective_ratio")
+        if ratio is not None:
+            lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput.")
+        elif rec.vs_baseline.get("note"):
+            lines.append(rec.vs_baseline["note"] + ".")
+        vs = rec.vs_baseline
+        if vs.get("goodput_ratio_at_ceilings") is not None:
+            lines.append(
+                f"At equal footing, vLLM's defaults at their own ceiling "
+                f"({_num(vs.get('baseline_ceiling_rate'), '.2f')} req/s) give "
+                f"{_num(vs.get('baseline_ceiling_goodput_tokens'))} tok/s: the recommendation "
+                f"is {vs['goodput_ratio_at_ceilings']:.2f}x that "
+                f"({vs.get('baseline_ceiling_note', '')}).")
+        elif vs.get("baseline_ceiling_note"):
+            lines.append(vs["baseline_ceiling_note"] + ".")
+    if b.predicted:
+        p = b.predicted
+        lines += ["", "## Predicted (simulator pre-screen) vs measured", "",
+                  "| figure | predicted | measured |", "| --- | --- | --- |",
+                  f"| ceiling rate (req/s) | {_num(p.get('ceiling_rate'), '.2f')} | "
+                  f"{_num(b.max_feasible_rate, '.2f')} |",
+                  f"| goodput (tok/s) | {_num(p.get('goodput_tokens'))} | "
+                  f"{_num(b.goodput_tokens)} |",
+                  f"| P99 e2e (s) | {_num(p.get('p99_e2e_s'), '.2f')} | "
+                  f"{_num(b.p99_e2e_s, '.2f')} |"]
+    if rec.table:
+        lines += ["", "## The recommended config across rates", "", rec.table_how, "",
+                  "| rate (req/s) | output tok/s | P99 e2e (s) | GPU util | overloaded |",
+                  "| --- | --- | --- | --- | --- |"]
+        for row in rec.table:
+            lines.append(
+                f"| {_num(row['rate'], '.1f')} | {_num(row['output_throughput'])} | "
+                f"{_num(row['p99_e2e_s'], '.1f')} | {_num(row.get('gpu_util_pct'), '.0f')}% | "
+                f"{row['overloaded']} |")
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
+    lines += ["", f"Trials: {counts}."]
+    for note in rec.notes:
+        lines.append(f"Note: {note}.")
+    return "\n".join(lines) + "\n"
+
+
+def table_row(rate: float, *, output_throughput: float | None, p99_e2e_s: float | None,
+              gpu_util_pct: float | None, feasible: bool, pruned_by: str | None,
+              measured: bool) -> dict[str, Any]:
+    """One row of the seed-style table; ``overloaded`` says how it was judged."""
+    if feasible:
+        over = "no"
+    elif pruned_by:
+        over = f"yes (pruned: {pruned_by})"
+    else:
+        over = "yes (SLO missed)"
+    return {"rate": rate, "output_throughput": output_throughput, "p99_e2e_s": p99_e2e_s,
+            "gpu_util_pct": gpu_util_pct, "overloaded": over,
+            "source": "measured" if measured else "simulated"}

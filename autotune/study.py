@@ -1,0 +1,547 @@
+"""The Optuna study: storage, sampler, baseline, objective, SLO constraints, resume.
+
+Each trial is one config plus one rate cap from the search space.  The objective is
+goodput (output tok/s by default, req/s with ``objective="requests"``, optionally per
+GPU); every SLO limit is an Optuna constraint (``trial.set_constraint`` with the
+limit's margin, observed/threshold - 1, so <= 0 is feasible).  Every trial sets the
+same constraint keys (one per limit plus ``runs``), which GP sampling requires.
+
+Trials that break a space rule are never launched; pruned, refused, failed and
+crashed trials are infeasible with their reason in the user attrs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.pruning import OverloadPruner, PrunerSettings
+from autotune.slo import MAX_MARGIN, SLO
+from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
+from autotune.trial import (
+    INFEASIBLE,
+    PRUNED,
+    Backend,
+    LoadPlan,
+    TrialResult,
+    evaluate,
+)
+
+SAMPLERS = ("tpe", "gp", "random", "grid")
+OBJECTIVES = ("tokens", "requests")
+RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
+
+
+class StudyError(ValueError):
+    """The study cannot be created or continued as asked."""
+
+
+@dataclass
+class StudySettings:
+    name: str
+    slo: SLO
+    space: SearchSpace
+    sampler: str = "tpe"
+    storage: str | None = None
+    studies_dir: Path = Path("studies")
+    objective: str = "tokens"
+    per_gpu: bool = False
+    gpus: int | None = None
+    seed: int = 0
+    n_trials: int | None = 30  # total finished trials the study should reach
+    timeout_s: float | None = None
+    budget_s: float | None = None  # total server time, restarts included
+    prune: bool = True
+    pruner: PrunerSettings = field(default_factory=PrunerSettings)
+    attention_heads: int | None = None
+
+    @property
+    def out_dir(self) -> Path:
+        return self.studies_dir / self.name
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def storage_url(name: str, storage: str | None, studies_dir: Path = Path("studies")) -> str:
+    return storage or f"sqlite:///{(studies_dir / f'{name}.db').as_posix()}"
+
+
+def validate_name(name: str) -> str:
+    if not name or any(c in name for c in "/\\\0") or name.startswith("."):
+        raise StudyError(f"study name {name!r} must be a plain file name (no '/', not "
+                         "starting with '.')")
+    return name
+
+
+def make_sampler(name: str, *, seed: int, space: SearchSpace) -> optuna.samplers.BaseSampler:
+    """TPE (Optuna 5: multivariate, constant liar), GP, random or grid."""
+    key = name.lower()
+    if key == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=10)
+    if key == "gp":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is None:
+            raise StudyError("the GP sampler needs PyTorch, which is not installed: "
+                             "pip install torch (CPU wheel is enough), or use --sampler tpe")
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=8)
+    if key == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if key == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    raise StudyError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
+
+
+def open_storage(url: str) -> optuna.storages.BaseStorage:
+    """An Optuna storage, or a StudyError that says why it cannot be opened."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        parent = path.resolve().parent
+        if not parent.exists():
+            # Only the default studies/ folder is created; another path must exist.
+            if parent.name == "studies" or path.parent == Path("studies"):
+                parent.mkdir(parents=True, exist_ok=True)
+            else:
+                raise StudyError(f"cannot open storage {url}: folder {parent} does not exist")
+    try:
+        storage = optuna.storages.RDBStorage(
+            url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite") else {})
+    except Exception as exc:  # sqlalchemy raises many kinds: say which, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StudyError(f"cannot open storage {url}: {first}") from None
+    if url.startswith("sqlite"):
+        _sqlite_wal(storage)
+    return storage
+
+
+def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
+    """WAL with synchronous=NORMAL: a commit no longer waits for fsync, and a killed
+    process still loses nothing that was committed (only a power cut could)."""
+    from sqlalchemy import event
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()
+
+
+def open_study(settings: StudySettings, storage: optuna.storages.BaseStorage,
+               pruner: optuna.pruners.BasePruner | None) -> optuna.Study:
+    sampler = make_sampler(settings.sampler, seed=settings.seed, space=settings.space)
+    study = optuna.create_study(
+        study_name=settings.name, storage=storage, sampler=sampler,
+        pruner=pruner or optuna.pruners.NopPruner(), direction="maximize",
+        load_if_exists=True)
+    _check_same_study(study, settings)
+    for key, value in _study_attrs(settings).items():
+        study.set_user_attr(key, value)
+    return study
+
+
+def _study_attrs(settings: StudySettings) -> dict[str, Any]:
+    return {"slo": str(settings.slo), "space": settings.space.name,
+            "objective": settings.objective, "per_gpu": settings.per_gpu,
+            "gpus": settings.gpus}
+
+
+def _check_same_study(study: optuna.Study, settings: StudySettings) -> None:
+    """Resuming with another SLO or objective would mix incomparable trials."""
+    old = study.user_attrs
+    for key in ("slo", "objective", "per_gpu"):
+        new = _study_attrs(settings)[key]
+        if key in old and old[key] != new:
+            raise StudyError(
+                f"study {settings.name!r} was run with {key}={old[key]!r}, not {new!r}: "
+                "resume with the same settings or pick another --study-name")
+
+
+def fail_stale_trials(study: optuna.Study) -> list[int]:
+    """Trials left RUNNING by a process that died (kill -9) are marked FAIL, and their
+    params are enqueued again so the config is retried."""
+    host = socket.gethostname()
+    stale = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        pid, owner = t.system_attrs.get("autotune:pid"), t.system_attrs.get("autotune:host")
+        # Only this host's dead processes can be told apart; another host's trial may
+        # belong to a live worker there and is left alone.
+        if owner not in (None, host) or isinstance(pid, int) and _pid_alive(pid):
+            continue
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        stale.append(t.number)
+        if t.params:
+            study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number,
+                                                             **_retry_attrs(t)})
+    return stale
+
+
+def _retry_attrs(t: FrozenTrial) -> dict[str, Any]:
+    keep = ("baseline", "predicted")
+    return {k: t.user_attrs[k] for k in keep if k in t.user_attrs}
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process is new: a RUNNING trial with our pid is stale
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state not in ("Z", "X")
+
+
+def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> bool:
+    """vLLM's defaults as the first trial, once per study."""
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("baseline") and t.state != TrialState.FAIL:
+            return False
+    study.enqueue_trial(space.baseline_params(), user_attrs={"baseline": True})
+    return True
+
+
+# ----------------------------------------------------------------------------- objective
+
+
+def constraint_keys(slo: SLO) -> list[str]:
+    return [limit.label for limit in slo.limits] + [RUNS_KEY]
+
+
+def constraints_for(result: TrialResult | None, slo: SLO) -> dict[str, float]:
+    """Each limit's margin (<= 0 met) and ``runs`` (0 ran, 1 could not run).
+
+    A pruned load test gets a positive margin on the limit it was pruned for (its
+    percentile is decided, or the backlog makes it so); a config that never ran is
+    infeasible on every key.
+    """
+    keys = constraint_keys(slo)
+    if result is None or result.status == INFEASIBLE and result.summary is None:
+        return {k: (1.0 if k == RUNS_KEY else MAX_MARGIN) for k in keys}
+    out: dict[str, float] = {RUNS_KEY: 0.0 if result.reason != "crashed" else 1.0}
+    check = result.check
+    for limit in slo.limits:
+        m = check.margins.get(limit.label) if check is not None else None
+        if m is None or math.isnan(m):
+            m = MAX_MARGIN
+        if result.status == PRUNED:
+            m = max(m, 0.01)
+        out[limit.label] = float(min(m, MAX_MARGIN))
+    return out
+
+
+@dataclass
+class TrialRow:
+    """One finished trial as the recommendation and the live view see it."""
+
+    number: int
+    state: str
+    params: dict[str, Any]
+    flags: dict[str, Any]
+    rate: float | None
+    status: str
+    feasible: bool
+    value: float | None
+    reason: str | None
+    detail: str | None
+    baseline: bool
+    attrs: dict[str, Any]
+
+
+def rows_from_study(study: optuna.Study, space: SearchSpace) -> list[TrialRow]:
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        res = t.user_attrs.get("result") or {}
+        params = dict(t.params)
+        rows.append(TrialRow(
+            number=t.number, state=t.state.name, params=params,
+            flags=res.get("flags") or space.server_flags(params),
+            rate=params.get("request_rate", res.get("rate")),
+            status=res.get("status") or ("failed" if t.state == TrialState.FAIL else "?"),
+            feasible=bool(res.get("feasible")) and t.state == TrialState.COMPLETE,
+            value=t.value if t.state == TrialState.COMPLETE else None,
+            reason=res.get("reason"), detail=res.get("detail"),
+            baseline=bool(t.user_attrs.get("baseline")), attrs=dict(t.user_attrs)))
+    return rows
+
+
+class Objective:
+    """``study.optimize`` calls this once per trial."""
+
+    def __init__(self, settings: StudySettings, backend: Backend, plan: LoadPlan,
+                 pruner: OverloadPruner | None,
+                 on_result: Callable[[int, TrialResult | None, list[Violation]], None]
+                 | None = None) -> None:
+        self.s = settings
+        self.backend = backend
+        self.plan = plan
+        self.pruner = pruner
+        self.on_result = on_result
+        self.load_test_s = 0.0
+        self.saved_s = 0.0
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        trial.storage.set_trial_system_attr(trial._trial_id, "autotune:pid", os.getpid())
+        trial.storage.set_trial_system_attr(trial._trial_id, "autotune:host",
+                                            socket.gethostname())
+        params = self.s.space.suggest(trial)
+        if not self.backend.restartable:
+            params = {k: v for k, v in params.items() if k in CLIENT_PARAMS}
+        flags = self.s.space.server_flags(params)
+        rate = float(params.get("request_rate", self.plan_rate_default()))
+        violations = self.s.space.violations(params, gpus=self.s.gpus,
+                                             attention_heads=self.s.attention_heads)
+        if violations and self.backend.restartable:
+            return self._rule_broken(trial, flags, rate, violations)
+        result = evaluate(self.backend, flags, rate, self.plan, pruner=self.pruner,
+                          trial=trial, out_dir=self.s.out_dir)
+        self.load_test_s += result.load_test_s
+        if result.status == PRUNED:
+            self.saved_s += max(result.planned_s - result.load_test_s, 0.0)
+        self._store(trial, result)
+        if self.on_result is not None:
+            self.on_result(trial.number, result, [])
+        if result.status == PRUNED:
+            raise optuna.TrialPruned(result.detail or result.reason or "pruned")
+        if result.summary is None:
+            return 0.0
+        value = (result.summary.goodput_tokens if self.s.objective == "tokens"
+                 else result.summary.goodput_requests)
+        return value / max(result.gpus, 1) if self.s.per_gpu else value
+
+    def plan_rate_default(self) -> float:
+        return 1.0
+
+    def _rule_broken(self, trial: optuna.Trial, flags: dict[str, Any], rate: float,
+                     violations: list[Violation]) -> float:
+        first = violations[0]
+        trial.set_user_attr("result", {
+            "status": INFEASIBLE, "feasible": False, "reason": first.rule,
+            "detail": "; ".join(str(v) for v in violations), "flags": flags, "rate": rate,
+            "rules": [v.rule for v in violations], "launched": False,
+        })
+        trial.set_user_attr("status", INFEASIBLE)
+        trial.set_user_attr("reason", first.rule)
+        for key, value in constraints_for(None, self.s.slo).items():
+            trial.set_constraint(key, value)
+        if self.on_result is not None:
+            self.on_result(trial.number, None, violations)
+        return 0.0
+
+    def _store(self, trial: optuna.Trial, result: TrialResult) -> None:
+        attrs = result.to_attrs()
+        attrs["launched"] = True
+        trial.set_user_attr("result", attrs)
+        trial.set_user_attr("status", result.status)
+        trial.set_user_attr("reason", result.reason)
+        trial.set_user_attr("feasible", result.feasible)
+        if result.summary is not None:
+            trial.set_user_attr("p99_e2e_s", _f(result.summary.e2e.p99))
+            trial.set_user_attr("goodput_tokens", _f(result.summary.goodput_tokens))
+        for key, value in constraints_for(result, self.s.slo).items():
+            trial.set_constraint(key, value)
+        _append_experiment(self.s, trial.number, result)
+
+
+def _f(x: float) -> float | None:
+    return None if x is None or math.isnan(x) or math.isinf(x) else float(x)
+
+
+def _append_experiment(settings: StudySettings, number: int, result: TrialResult) -> None:
+    """One row in ``studies/<name>/experiments.csv`` (the shared history)."""
+    if result.summary is None:
+        return
+    try:
+        from autotune.experiments import append_experiment, row_from_summary
+    except ImportError:  # pragma: no cover - optional module
+        return
+    row = row_from_summary(
+        result.summary.to_dict(), study=settings.name, trial=number, config=result.flags,
+        rate=result.rate, backend=result.backend,
+        gpu={"util_mean_pct": result.telemetry.get("gpu_util_mean_pct"),
+             "util_max_pct": result.telemetry.get("gpu_util_max_pct")},
+        pruned_reason=result.reason if result.status == PRUNED else None)
+    with contextlib.suppress(Exception):  # the history must never end a study
+        append_experiment(settings.out_dir / "experiments.csv", row)
+
+
+# ----------------------------------------------------------------------------- run
+
+
+@dataclass
+class StudyRun:
+    study: optuna.Study
+    rows: list[TrialRow]
+    new_trials: int
+    stale_failed: list[int]
+    stopped_by: str  # "n_trials" | "timeout" | "budget" | "grid exhausted" | "nothing to do"
+    wall_s: float
+    server_s: float
+    load_test_s: float
+    saved_s: float
+
+
+def run_study(
+    settings: StudySettings,
+    backend: Backend,
+    plan: LoadPlan,
+    *,
+    storage: optuna.storages.BaseStorage | None = None,
+    enqueue: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
+    on_result: Callable[[int, TrialResult | None, list[Violation]], None] | None = None,
+    on_trial_end: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+) -> StudyRun:
+    """Create or resume the study and run trials until n_trials/timeout/budget."""
+    validate_name(settings.name)
+    storage = storage or open_storage(storage_url(settings.name, settings.storage,
+                                                  settings.studies_dir))
+    pruner = OverloadPruner(settings.slo, settings.pruner) if settings.prune else None
+    study = open_study(settings, storage, pruner)
+    settings.out_dir.mkdir(parents=True, exist_ok=True)
+    stale = fail_stale_trials(study)
+    enqueue_baseline(study, settings.space)
+    queued = {repr(sorted(t.params.items())) for t in
+              study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    for params, attrs in enqueue:
+        if repr(sorted(params.items())) not in queued:
+            study.enqueue_trial(params, user_attrs=attrs)
+    objective = Objective(settings, backend, plan, pruner, on_result)
+    done_states = (TrialState.COMPLETE, TrialState.PRUNED)
+    finished = len(study.get_trials(deepcopy=False, states=done_states))
+    remaining = None if settings.n_trials is None else max(settings.n_trials - finished, 0)
+    stopped = {"by": "n_trials"}
+    server0 = backend.server_s
+
+    def budget_cb(study: optuna.Study, frozen: FrozenTrial) -> None:
+        if on_trial_end is not None:
+            on_trial_end(study, frozen)
+        if settings.budget_s is not None and backend.server_s - server0 >= settings.budget_s:
+            stopped["by"] = "budget"
+            study.stop()
+
+    t0 = time.monotonic()
+    if remaining != 0:
+        study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s,
+                       callbacks=[budget_cb], catch=(), gc_after_trial=False)
+        if (settings.timeout_s is not None and stopped["by"] == "n_trials"
+                and time.monotonic() - t0 >= settings.timeout_s):
+            stopped["by"] = "timeout"
+    else:
+        stopped["by"] = "nothing to do"
+    new = len(study.get_trials(deepcopy=False, states=done_states)) - finished
+    if (settings.sampler == "grid" and remaining and new < remaining
+            and stopped["by"] == "n_trials"):
+        stopped["by"] = "grid exhausted"
+    return StudyRun(study=study, rows=rows_from_study(study, settings.space), new_trials=new,
+                    stale_failed=stale, stopped_by=stopped["by"], wall_s=time.monotonic() - t0,
+                    server_s=backend.server_s - server0, load_test_s=objective.load_test_s,
+                    saved_s=objective.saved_s)
+
+
+# ----------------------------------------------------------------------------- prescreen
+
+
+def predicted_ceiling(backend: Backend, flags: Mapping[str, Any], plan: LoadPlan, *,
+                      low: float, high: float, steps: int = 6) -> tuple[float | None,
+                                                                         TrialResult | None]:
+    """Highest feasible rate in [low, high] by bisection on (usually) the simulator."""
+    from autotune.trial import probe
+
+    best: tuple[float | None, TrialResult | None] = (None, None)
+    res = probe(backend, flags, low, plan)
+    if not res.feasible:
+        return best
+    best = (low, res)
+    res = probe(backend, flags, high, plan)
+    if res.feasible:
+        return (high, res)
+    lo, hi = low, high
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi)
+        res = probe(backend, flags, mid, plan)
+        if res.feasible:
+            lo, best = mid, (mid, res)
+        else:
+            hi = mid
+    return best
+
+
+def rate_bounds(space: SearchSpace) -> tuple[float, float] | None:
+    """Lowest and highest rate cap the space can try (None: it has no request_rate)."""
+    p = space.params.get("request_rate")
+    if p is None:
+        return None
+    if p.type == "categorical":
+        values = [float(v) for v in p.choices]
+        return min(values), max(values)
+    return float(p.low), float(p.high)
+
+
+def snap_rate(space: SearchSpace, rate: float) -> float:
+    """A rate the space's ``request_rate`` parameter can take, at or below ``rate``."""
+    p = space.params.get("request_rate")
+    if p is None:
+        return rate
+    if p.type == "categorical":
+        values = sorted(float(v) for v in p.choices)
+        return max((v for v in values if v <= rate), default=values[0])
+    rate = min(max(rate, float(p.low)), float(p.high))
+    if p.step:
+        rate = float(p.low) + math.floor((rate - float(p.low)) / p.step + 1e-9) * p.step
+        rate = round(rate, 10)
+    return rate
+
+
+def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, backend: Backend,
+                      plan: LoadPlan, *, top_k: int = 3) -> list[tuple[dict[str, Any],
+                                                                        dict[str, Any]]]:
+    """Top-K predicted configs, each with its predicted ceiling as the first rate."""
+    seen: set[str] = set()
+    picks: list[TrialRow] = []
+    for row in sorted((r for r in rows if r.feasible and r.value is not None),
+                      key=lambda r: -(r.value or 0.0)):
+        key = repr(sorted((k, v) for k, v in row.params.items() if k not in CLIENT_PARAMS))
+        if key not in seen:
+            seen.add(key)
+            picks.append(row)
+        if len(picks) >= top_k:
+            break
+    low, high = rate_bounds(space) or (1.0, 64.0)
+    out = []
+    for row in picks:
+        flags = space.server_flags(row.params)
+        ceiling, res = predicted_ceiling(backend, flags, plan, low=low, high=high)
+        rate = snap_rate(space, ceiling if ceiling is not None else float(row.rate or low))
+        params = dict(row.params, request_rate=rate)
+        s = res.summary if res is not None else None
+        predicted = {
+            "source": "simulated (virtual time)",
+            "prescreen_trial": row.number,
+            "ceiling_rate": ceiling,
+            "goodput_tokens": None if s is None else _f(s.goodput_tokens),
+            "goodput_requests": None if s is None else _f(s.goodput_requests),
+            "p99_e2e_s": None if s is None else _f(s.e2e.p99),
+            "output_throughput": None if s is None else _f(s.output_throughput),
+        }
+        out.append((params, {"predicted": predicted}))
+    return out

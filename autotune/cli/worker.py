@@ -1,0 +1,124 @@
+"""``autotune worker``: join a study from any host and run its trials on this host's GPUs."""
+
+from __future__ import annotations
+
+import logging
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from autotune.cli._app import app
+from autotune.cli._common import console, err_console, fail, one_line_errors
+
+
+class WorkerBackend(str, Enum):
+    sim = "sim"
+    vllm = "vllm"
+
+
+@app.command("worker")
+def worker(
+    study: Annotated[str, typer.Option(help="Name of the study to join.")],
+    storage: Annotated[str, typer.Option(
+        envvar="AUTOTUNE_STORAGE",
+        help="postgresql://USER@HOST/DB, mysql://..., or journal:PATH (a file on a shared "
+             "filesystem). Keep the password out of the command line: libpq reads "
+             "PGPASSWORD, or set the whole URL in AUTOTUNE_STORAGE.")],
+    gpus: Annotated[str | None, typer.Option(
+        help="GPU indices this worker's server uses, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES); "
+             "configs needing more GPUs are never launched.")] = None,
+    n_trials: Annotated[int | None, typer.Option(
+        help="Finished trials the whole study should reach (all workers together); "
+             "default: the study's.")] = None,
+    backend: Annotated[WorkerBackend, typer.Option(
+        help="sim: the simulator in virtual time; vllm: launch a server per config.")] = (
+        WorkerBackend.sim),
+    vllm_cmd: Annotated[str, typer.Option(
+        help="Command that starts the server ('vllm serve', or '.../python -m "
+             "vllm.entrypoints.openai.api_server', which takes --model).")] = "vllm serve",
+    model: Annotated[str | None, typer.Option(
+        help="Model path or name for the server (default: the space's fixed model).")] = None,
+    space: Annotated[str | None, typer.Option(
+        help="Search space (name or YAML). Creates the study if it does not exist; if it "
+             "does, must be the study's.")] = None,
+    slo: Annotated[str | None, typer.Option(
+        help="SLO, e.g. '10s' or 'p99:e2e<=10s,p99:ttft<=2s' (with --space).")] = None,
+    objective: Annotated[str, typer.Option(help="tokens or requests (with --space).")] = (
+        "tokens"),
+    sampler: Annotated[str, typer.Option(help="tpe, gp, random or grid (with --space).")] = (
+        "tpe"),
+    num_prompts: Annotated[int, typer.Option(help="Measured requests per load test.")] = 200,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests, excluded from figures.")] = 20,
+    input_len: Annotated[int, typer.Option(help="Synthetic prompt tokens (mean).")] = 256,
+    output_len: Annotated[int, typer.Option(help="Synthetic output tokens (mean).")] = 128,
+    seed: Annotated[int, typer.Option(help="Workload and arrival seed.")] = 0,
+    studies_dir: Annotated[Path, typer.Option(
+        help="Where this host writes logs and records.")] = Path("studies"),
+    heartbeat_interval: Annotated[int, typer.Option(
+        help="Seconds between a running trial's heartbeats.")] = 60,
+    grace_period: Annotated[int, typer.Option(
+        help="Seconds without a heartbeat after which a trial is failed and retried.")] = 180,
+    db_retry_s: Annotated[float, typer.Option(
+        help="How long a storage call retries an unreachable database.")] = 120.0,
+    pace_s: Annotated[float, typer.Option(hidden=True)] = 0.0,
+    poll_s: Annotated[float, typer.Option(hidden=True)] = 1.0,
+) -> None:
+    """Join STUDY in a shared storage and run trials until it holds --n-trials."""
+    import optuna
+
+    from autotune.storage import scrub
+    from autotune.worker import StudySpec, WorkerOptions, parse_gpus, run_worker, space_to_dict
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
+    with _scrubbed(storage), one_line_errors():
+        spec = None
+        if (space is None) != (slo is None):
+            raise fail("give both --space and --slo (to create or check the study), or "
+                       "neither (to take the study's)")
+        if space is not None and slo is not None:
+            from autotune.slo import parse_slo
+            from autotune.space import SearchSpace
+
+            sp = SearchSpace.load(space)
+            spec = StudySpec(
+                space=space_to_dict(sp), slo=str(parse_slo(slo)), objective=objective,
+                sampler=sampler, seed=seed, n_trials=n_trials,
+                gpus=len(parse_gpus(gpus) or []) or sp.profile.get("gpus"),
+                workload={"kind": "synthetic", "num_prompts": num_prompts,
+                          "input_len": input_len, "output_len": output_len,
+                          "distribution": "fixed", "seed": seed},
+                load={"warmup": warmup, "process": "poisson", "burstiness": 1.0,
+                      "window_s": 1.0, "request_timeout_s": 600.0, "max_concurrency": None,
+                      "seed": seed})
+        opts = WorkerOptions(
+            study=study, storage=storage, spec=spec, gpus=parse_gpus(gpus), n_trials=n_trials,
+            backend=backend.value, vllm_cmd=vllm_cmd, model=model, studies_dir=studies_dir,
+            heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+            retry_s=db_retry_s, pace_s=pace_s, poll_s=poll_s)
+        run = run_worker(opts, say=lambda line: console.print(scrub(line, storage),
+                                                              soft_wrap=True, markup=False))
+    if run.exit_code:
+        err_console.print(f"worker stopped ({run.stopped_by})", markup=False)
+        raise typer.Exit(run.exit_code)
+
+
+class _scrubbed:
+    """Any error that escapes says the URL masked, never its password."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> bool:
+        if exc is None or isinstance(exc, typer.Exit | KeyboardInterrupt | SystemExit):
+            return False
+        from autotune.storage import scrub
+
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise fail(f"{type(exc).__name__}: {scrub(first, self.url)}", code=1) from None

@@ -1,0 +1,313 @@
+"""Where a study lives: SQLite, PostgreSQL/MySQL (with heartbeats), or a journal file.
+
+``open_storage(url)`` is the one way every command opens a study's storage:
+
+* ``sqlite:///studies/NAME.db`` (the default; one host);
+* ``postgresql://user@host/db`` or ``mysql://...``: Optuna's ``RDBStorage`` with
+  heartbeats, so a worker killed with ``kill -9`` leaves its trial RUNNING only until
+  the grace period passes; then the trial is FAILED and retried once
+  (``RetryHeartbeatStaleTrialCallback(max_retry=1)``).  ``pool_pre_ping`` replaces
+  connections the database dropped;
+* ``journal:PATH``: Optuna's ``JournalStorage`` on a file, for clusters with a shared
+  filesystem (NFS) and no database.
+
+Every storage call is retried with backoff while the database is unreachable, so a
+database that drops for a few seconds costs a pause, not the worker.  A URL's password
+is never printed: :func:`mask_url` shows ``postgresql://user:***@host/db``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.storages import BaseStorage
+from optuna.storages._heartbeat import BaseHeartbeat
+
+from autotune.study import StudyError
+
+log = logging.getLogger("autotune.storage")
+
+DEFAULT_HEARTBEAT_S = 60
+DEFAULT_GRACE_S = 180
+DEFAULT_RETRY_S = 120.0  # how long a storage call keeps retrying an unreachable database
+SERVER_SCHEMES = ("postgresql", "postgres", "mysql", "mariadb")
+
+
+class StorageError(StudyError):
+    """The storage cannot be opened or reached; the message never holds a password."""
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)@")
+
+
+def mask_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
+
+
+def url_password(url: str) -> str | None:
+    m = _URL_PASSWORD.search(url)
+    return m.group("pw") if m and m.group("pw") else None
+
+
+def scrub(text: str, url: str | None = None) -> str:
+    """``text`` with every URL password masked, and ``url``'s password wherever it
+    appears (driver errors sometimes quote it)."""
+    text = mask_url(text)
+    pw = url_password(url) if url else None
+    if pw:
+        from urllib.parse import unquote
+
+        for secret in {pw, unquote(pw)}:
+            if len(secret) >= 3:
+                text = text.replace(secret, "***")
+    return text
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+def storage_kind(url: str) -> str:
+    """``"sqlite"``, ``"server"`` (PostgreSQL/MySQL), ``"journal"`` or ``"other"``."""
+    if url.startswith("journal:"):
+        return "journal"
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in SERVER_SCHEMES:
+        return "server"
+    return "other"
+
+
+def _normalise(url: str) -> str:
+    """Heroku-style ``postgres://`` to ``postgresql://``, and a driver that is installed
+    when the URL names none (SQLAlchemy 2.1 defaults to psycopg 3; we ship psycopg2)."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        for module, driver in (("psycopg2", "psycopg2"), ("psycopg", "psycopg")):
+            if importlib.util.find_spec(module) is not None:
+                return f"postgresql+{driver}://" + url[len("postgresql://"):]
+    return url
+
+
+# ----------------------------------------------------------------------------- retries
+
+
+_FINAL = ("password authentication failed", "no password supplied", "does not exist",
+          "permission denied", "access denied")
+
+
+def transient(exc: BaseException) -> bool:
+    """True when ``exc`` means "the database is unreachable right now"."""
+    if any(text in str(exc).lower() for text in _FINAL):
+        return False  # a wrong password or database name does not heal by waiting
+    try:
+        from sqlalchemy import exc as sa_exc
+    except ImportError:  # pragma: no cover - sqlalchemy comes with optuna
+        return False
+    if isinstance(exc, optuna.exceptions.StorageInternalError):
+        # RDBStorage wraps every SQLAlchemy error in this; the cause says which.
+        # Bad data (integrity, value too long, SQL) fails again; anything else about the
+        # connection or session (closed, invalidated, pending rollback) heals on retry.
+        cause = exc.__cause__ or exc.__context__
+        if cause is None:
+            return False
+        bad = (sa_exc.IntegrityError, sa_exc.DataError, sa_exc.ProgrammingError,
+               sa_exc.NotSupportedError)
+        return not isinstance(cause, bad) and isinstance(cause, sa_exc.SQLAlchemyError)
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return True
+    if isinstance(exc, sa_exc.StatementError) and exc.orig is not None:
+        return transient(exc.orig)
+    name = type(exc).__name__
+    return name in ("OperationalError", "InterfaceError") and "psycopg" in type(exc).__module__
+
+
+def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "storage call",
+                    retry_s: float = DEFAULT_RETRY_S, first_delay_s: float = 0.25,
+                    max_delay_s: float = 5.0, url: str | None = None,
+                    sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, retried with exponential backoff while the database is
+    unreachable, for up to ``retry_s`` seconds; other errors pass through at once."""
+    deadline = time.monotonic() + retry_s
+    delay = first_delay_s
+    attempt = 0
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            attempt += 1
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            log.warning("database unreachable during %s (attempt %d): %s; retrying in %.1fs",
+                        what, attempt, scrub(first, url), delay)
+            sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+
+
+_BASE_METHODS = (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
+    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
+    "set_trial_param", "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id",
+    "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
+    "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials",
+    "get_n_trials", "get_best_trial", "get_trial_params", "get_trial_user_attrs",
+    "get_trial_system_attrs", "check_trial_is_updatable",
+)
+_HEARTBEAT_METHODS = ("record_heartbeat", "_get_stale_trial_ids", "get_heartbeat_interval",
+                      "get_heartbeat_stale_trial_callback", "get_failed_trial_callback")
+
+
+def _forward(name: str) -> Callable[..., Any]:
+    def method(self: RetryingStorage, *args: Any, **kwargs: Any) -> Any:
+        return call_with_retry(getattr(self.inner, name), *args, what=name,
+                               retry_s=self.retry_s, url=self.url, **kwargs)
+
+    method.__name__ = name
+    method.__doc__ = f"``{name}`` of the wrapped storage, retried while unreachable."
+    return method
+
+
+class RetryingStorage(BaseStorage):
+    """Any Optuna storage, each call retried with backoff while the database is down.
+
+    Optuna's own retries cover a single dropped connection; a database restart takes
+    seconds, and a worker whose trial already cost minutes of GPU time should wait.
+    """
+
+    def __init__(self, inner: BaseStorage, *, url: str, retry_s: float = DEFAULT_RETRY_S
+                 ) -> None:
+        self.inner = inner
+        self.url = url
+        self.retry_s = retry_s
+
+    def remove_session(self) -> None:
+        self.inner.remove_session()
+
+    def __getattr__(self, name: str) -> Any:  # anything Optuna reaches for beyond the API
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __repr__(self) -> str:
+        return f"<RetryingStorage {mask_url(self.url)}>"
+
+
+for _name in _BASE_METHODS:
+    setattr(RetryingStorage, _name, _forward(_name))
+RetryingStorage.__abstractmethods__ = frozenset()
+
+
+class RetryingHeartbeatStorage(RetryingStorage, BaseHeartbeat):
+    """:class:`RetryingStorage` for a storage with heartbeats (RDB)."""
+
+
+for _name in _HEARTBEAT_METHODS:
+    setattr(RetryingHeartbeatStorage, _name, _forward(_name))
+RetryingHeartbeatStorage.__abstractmethods__ = frozenset()
+
+
+# ----------------------------------------------------------------------------- open
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_interval: int | None = DEFAULT_HEARTBEAT_S,
+    grace_period: int | None = DEFAULT_GRACE_S,
+    max_retry: int = 1,
+    retry_s: float = DEFAULT_RETRY_S,
+) -> BaseStorage:
+    """The Optuna storage for ``url`` (see the module docstring), or a
+    :class:`StorageError` whose message names the URL masked.
+
+    Heartbeats apply to PostgreSQL/MySQL only: SQLite is one host (the study's own
+    stale-trial check covers it) and Optuna's journal storage has none.
+    """
+    shown = mask_url(url)
+    url = _normalise(url)
+    kind = storage_kind(url)
+    if kind == "journal":
+        return _open_journal(url[len("journal:"):], shown)
+    if kind == "sqlite":
+        from autotune.study import open_storage as open_sqlite
+
+        return open_sqlite(url)
+    if kind != "server":
+        raise StorageError(f"unsupported storage {shown}: use sqlite:///PATH, "
+                           "postgresql://USER@HOST/DB, mysql://USER@HOST/DB or journal:PATH")
+    if heartbeat_interval is not None and heartbeat_interval < 1:
+        raise StorageError(f"--heartbeat-interval must be >= 1 s, got {heartbeat_interval}")
+    if grace_period is not None and heartbeat_interval is not None and (
+            grace_period <= heartbeat_interval):
+        raise StorageError(f"--grace-period ({grace_period} s) must exceed "
+                           f"--heartbeat-interval ({heartbeat_interval} s), or a live "
+                           "worker's trial would be failed between two heartbeats")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        callback = (optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+                    if heartbeat_interval is not None else None)
+
+    def connect() -> BaseStorage:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            rdb = optuna.storages.RDBStorage(
+                url, engine_kwargs={"pool_pre_ping": True},
+                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                heartbeat_stale_trial_callback=callback)
+        return optuna.storages._CachedStorage(rdb)
+
+    try:
+        inner = call_with_retry(connect, what="connect", retry_s=min(retry_s, 30.0), url=url)
+    except ImportError:
+        driver = "psycopg2-binary" if url.startswith("postgres") else "PyMySQL"
+        raise StorageError(f"cannot open storage {shown}: the database driver is not "
+                           f"installed; pip install {driver}") from None
+    except Exception as exc:
+        raise StorageError(f"cannot open storage {shown}: {_first_line(exc, url)}") from None
+    return RetryingHeartbeatStorage(inner, url=url, retry_s=retry_s)
+
+
+def _open_journal(path_text: str, shown: str) -> BaseStorage:
+    if not path_text:
+        raise StorageError("journal storage needs a file: journal:PATH (e.g. "
+                           "journal:/nfs/studies/NAME.log)")
+    path = Path(path_text)
+    if not path.resolve().parent.is_dir():
+        raise StorageError(f"cannot open storage {shown}: folder {path.resolve().parent} "
+                           "does not exist")
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except OSError as exc:
+        raise StorageError(f"cannot open storage {shown}: {exc.strerror or exc}") from None
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return scrub(first, url)
+
+
+def heartbeat_enabled(storage: BaseStorage) -> bool:
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return is_heartbeat_enabled(storage)

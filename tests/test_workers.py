@@ -1,0 +1,470 @@
+"""Workers on one study: PostgreSQL with heartbeats, kill -9, SIGTERM, journal files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from autotune.storage import mask_url, scrub, storage_kind, url_password
+from autotune.worker import (
+    StudySpec,
+    check_compatible,
+    join_study,
+    seat_of,
+    space_to_dict,
+    spec_differences,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pg import NoPostgres, Postgres, postgres  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+TINY_SPACE = """\
+name: tiny-http
+fixed: {{model: {model}}}
+parameters:
+  max_num_seqs: {{type: int, low: 1, high: {high}}}
+  request_rate: {{type: float, low: 40, high: 80}}
+rules: []
+"""
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[Postgres]:
+    try:
+        with postgres() as server:
+            yield server
+    except NoPostgres as exc:
+        pytest.skip(f"no PostgreSQL: {exc}")
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+class Worker:
+    def __init__(self, tmp: Path, name: str, args: list[str],
+                 env: dict[str, str] | None = None) -> None:
+        self.out = tmp / f"{name}.out"
+        self.err = tmp / f"{name}.err"
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        with open(self.out, "wb") as o, open(self.err, "wb") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "autotune", "worker", *args],
+                                         stdout=o, stderr=e, cwd=tmp, env=full_env)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            pytest.fail(f"worker {self.pid} did not finish in {timeout:.0f}s:\n{self.text()}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def text(self) -> str:
+        return self.out.read_text(errors="replace") + self.err.read_text(errors="replace")
+
+
+def common_args(tmp: Path, study: str, storage: str, *, n_trials: int, grace: int = 3,
+                pace: float = 0.0) -> list[str]:
+    return ["--study", study, "--storage", storage, "--n-trials", str(n_trials),
+            "--num-prompts", "30", "--warmup", "3", "--heartbeat-interval", "1",
+            "--grace-period", str(grace), "--poll-s", "0.2", "--pace-s", str(pace),
+            "--studies-dir", str(tmp / "studies"), "--db-retry-s", "60"]
+
+
+def load(storage: str, name: str) -> optuna.Study:
+    if storage.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+        st: object = JournalStorage(JournalFileBackend(storage[len("journal:"):]))
+    else:
+        from autotune.storage import _normalise
+
+        st = optuna.storages.RDBStorage(_normalise(storage))
+    return optuna.load_study(study_name=name, storage=st)  # type: ignore[arg-type]
+
+
+def finished(storage: str, name: str) -> int:
+    try:
+        return len(load(storage, name).get_trials(states=COUNTED))
+    except KeyError:  # not created yet
+        return 0
+
+
+def wait_for(cond, timeout: float, what: str, step: float = 0.2):  # noqa: ANN001, ANN201
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = cond()
+        if value:
+            return value
+        time.sleep(step)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def owner(t: optuna.trial.FrozenTrial) -> str | None:
+    w = t.user_attrs.get("worker")
+    return None if w is None else str(w).rsplit(":", 1)[-1]
+
+
+def config_key(t: optuna.trial.FrozenTrial) -> str:
+    return json.dumps(t.params, sort_keys=True)
+
+
+def assert_no_secret(password: str, tmp: Path, study: optuna.Study, *texts: str) -> None:
+    assert len(password) >= 8
+    for text in texts:
+        assert password not in text
+    for path in tmp.rglob("*"):
+        if path.is_file() and not path.name.endswith(".db"):
+            assert password.encode() not in path.read_bytes(), f"password written to {path}"
+    dump = json.dumps([study.user_attrs, study._storage.get_study_system_attrs(study._study_id)]
+                      + [[t.user_attrs, t.system_attrs] for t in study.trials], default=str)
+    assert password not in dump
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(stat[1]), []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def marked_processes(marker: str) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if marker.encode() in cmd and alive(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+def http_worker_args(tmp: Path, model: str) -> list[str]:
+    space = tmp / "tiny.yaml"
+    space.write_text(TINY_SPACE.format(model=model, high=64))
+    cmd = f"{sys.executable} -m autotune.testing.fake_server --token-delay-ms 1"
+    return ["--backend", "vllm", "--vllm-cmd", cmd, "--model", model, "--space", str(space),
+            "--slo", "10s", "--input-len", "16", "--output-len", "8"]
+
+
+# ----------------------------------------------------------------------------- pure
+
+
+def test_mask_url_hides_only_the_password() -> None:
+    url = "postgresql://tuner:s3cr%40t@db.example:5432/studies"
+    assert mask_url(url) == "postgresql://tuner:***@db.example:5432/studies"
+    assert url_password(url) == "s3cr%40t"
+    assert mask_url("postgresql://tuner@db/studies") == "postgresql://tuner@db/studies"
+    assert mask_url("journal:/nfs/a.log") == "journal:/nfs/a.log"
+    assert scrub("failed for s3cr@t and s3cr%40t", url) == "failed for *** and ***"
+    assert [storage_kind(u) for u in (url, "mysql+pymysql://a@b/c", "sqlite:///x.db",
+                                      "journal:x")] == ["server", "server", "sqlite", "journal"]
+
+
+def _spec(**space_changes: object) -> StudySpec:
+    from autotune.space import SearchSpace
+
+    data = space_to_dict(SearchSpace.load("default"))
+    data["parameters"].update(space_changes)
+    return StudySpec(space=data, slo="10s")
+
+
+def test_space_round_trips_and_differences_are_named() -> None:
+    from autotune.space import SearchSpace
+
+    space = SearchSpace.load("default")
+    assert space_to_dict(SearchSpace.from_dict(space_to_dict(space))) == space_to_dict(space)
+    study = _spec()
+    assert spec_differences(study, _spec()) == []
+    other = _spec(max_num_seqs={"type": "int", "low": 32, "high": 256, "step": 32})
+    diffs = spec_differences(study, other)
+    assert len(diffs) == 1 and diffs[0].startswith("parameters.max_num_seqs:")
+    slo = StudySpec(space=study.space, slo="p99:e2e<=5s")
+    assert spec_differences(study, slo)[0].startswith("SLO:")
+    assert spec_differences(study, StudySpec(space=study.space, slo="p99:e2e<=10s")) == []
+    with pytest.raises(Exception, match="refusing to join study 's': parameters.max_num_seqs"):
+        check_compatible({"autotune:spec": study.to_dict()}, other, "s")
+
+
+def test_surplus_seat_counts_live_trials_before_it() -> None:
+    def ft(number: int, state: TrialState) -> optuna.trial.FrozenTrial:
+        values = [1.0] if state == TrialState.COMPLETE else None
+        t = optuna.trial.create_trial(state=state, values=values)
+        t.number = number
+        return t
+
+    trials = [ft(0, TrialState.COMPLETE), ft(1, TrialState.FAIL), ft(2, TrialState.RUNNING),
+              ft(3, TrialState.RUNNING)]
+    assert seat_of(trials, 3) == 2  # the FAILED trial gave its seat back
+    assert seat_of(trials, 2) == 1
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_two_workers_share_one_study_and_survive_a_database_restart(
+        pg: Postgres, tmp_path: Path) -> None:
+    name, n = "two-workers", 10
+    args = ["--space", "default", "--slo", "10s",
+            *common_args(tmp_path, name, pg.url, n_trials=n, grace=10, pace=0.6)]
+    workers = [Worker(tmp_path, f"w{i}", args) for i in range(2)]
+    try:
+        if pg.local:  # the database drops for ~2 s mid-study; the workers must wait it out
+            wait_for(lambda: finished(pg.url, name) >= 3, 60,
+                     "3 finished trials")
+            pg.restart(2.0)
+        codes = [w.wait(90) for w in workers]
+    finally:
+        for w in workers:
+            w.stop()
+    texts = [w.text() for w in workers]
+    assert codes == [0, 0], texts
+    study = load(pg.url, name)
+    done = study.get_trials(states=COUNTED)
+    assert len(done) == n, [t.state for t in study.trials]
+    assert {owner(t) for t in done} == {str(w.pid) for w in workers}  # both contributed
+    retried = {t.system_attrs.get("failed_trial") for t in study.trials} - {None}
+    keys = [config_key(t) for t in done if t.system_attrs.get("failed_trial") is None]
+    assert len(keys) == len(set(keys)), "a config was evaluated twice"
+    assert not retried or all(study.trials[r].state == TrialState.FAIL for r in retried)
+    assert "postgresql://tuner:***@" in texts[0] + texts[1]
+    assert_no_secret(pg.password, tmp_path, study, *texts)
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_kill_9_fails_the_trial_after_the_grace_period_and_retries_it(
+        pg: Postgres, tmp_path: Path) -> None:
+    name, n, model = "kill-nine", 4, f"fake-kill-{os.getpid()}"
+    args = [*http_worker_args(tmp_path, model),
+            *common_args(tmp_path, name, pg.url, n_trials=n, grace=3, pace=2.0)]
+    victim = Worker(tmp_path, "victim", args)
+    survivor = Worker(tmp_path, "survivor", args)
+    try:
+        def victims_trial() -> optuna.trial.FrozenTrial | None:
+            try:
+                running = load(pg.url, name).get_trials(states=(TrialState.RUNNING,))
+            except KeyError:
+                return None
+            mine = [t for t in running if owner(t) == str(victim.pid) and t.params]
+            return mine[0] if mine and marked_processes(model) else None
+
+        killed = wait_for(victims_trial, 60, "the victim's trial to run its server")
+        server_pids = descendants(victim.pid)
+        assert server_pids and marked_processes(model)
+        t_kill = time.monotonic()
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        # The guard takes the server down with its worker.
+        wait_for(lambda: not any(alive(p) for p in server_pids), 15, "the server to die")
+        assert survivor.wait(90) == 0, survivor.text()
+    finally:
+        victim.stop()
+        survivor.stop()
+    study = load(pg.url, name)
+    trials = {t.number: t for t in study.trials}
+    assert trials[killed.number].state == TrialState.FAIL
+    assert trials[killed.number].datetime_complete is not None
+    failed_after = (trials[killed.number].datetime_complete
+                    - trials[killed.number].datetime_start).total_seconds()
+    assert failed_after >= 3  # not before the grace period
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1 and retries[0].state in COUNTED, survivor.text()
+    assert retries[0].params == killed.params  # the same config, retried once
+    assert owner(retries[0]) == str(survivor.pid)
+    assert len(study.get_trials(states=COUNTED)) == n
+    assert marked_processes(model) == []  # no server survives
+    assert time.monotonic() - t_kill < 90
+    assert_no_secret(pg.password, tmp_path, study, survivor.text(), victim.text())
+
+
+@pytest.mark.postgres
+def test_a_worker_with_another_space_is_refused(pg: Postgres, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+    from autotune.storage import open_storage
+
+    name = "refuse"
+    storage = open_storage(pg.url, heartbeat_interval=1, grace_period=3)
+    spec, created = join_study(storage, name, _spec())
+    assert created
+    other = tmp_path / "other.yaml"
+    text = (ROOT / "search_spaces" / "default.yaml").read_text()
+    other.write_text(text.replace("high: 1024", "high: 512"))
+    result = CliRunner().invoke(app, ["worker", "--study", name, "--storage", pg.url,
+                                      "--space", str(other), "--slo", "10s",
+                                      "--studies-dir", str(tmp_path / "studies")])
+    out = result.output + (getattr(result, "stderr", "") or "")
+    assert result.exit_code != 0
+    assert "refusing to join study 'refuse': parameters.max_num_seqs" in out
+    assert pg.password not in out
+    same_slo_other = CliRunner().invoke(app, ["worker", "--study", name, "--storage", pg.url,
+                                              "--space", "default", "--slo", "5s"])
+    assert same_slo_other.exit_code != 0
+    assert "SLO" in same_slo_other.output + (getattr(same_slo_other, "stderr", "") or "")
+    assert optuna.load_study(study_name=name, storage=storage).trials == []
+
+
+# ----------------------------------------------------------------------------- no database
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_server_and_fails_the_trial_as_interrupted(tmp_path: Path) -> None:
+    name, model = "sigterm", f"fake-term-{os.getpid()}"
+    url = f"sqlite:///{tmp_path / 'term.db'}"
+    w = Worker(tmp_path, "term", [*http_worker_args(tmp_path, model),
+                                  *common_args(tmp_path, name, url, n_trials=5, pace=5.0)])
+    try:
+        def running() -> optuna.trial.FrozenTrial | None:
+            try:
+                trials = load(url, name).get_trials(states=(TrialState.RUNNING,))
+            except KeyError:
+                return None
+            return trials[0] if trials and trials[0].params and marked_processes(model) else None
+
+        trial = wait_for(running, 60, "a running trial with its server")
+        server_pids = descendants(w.pid)
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.wait(30) == 143, w.text()
+    finally:
+        w.stop()
+    assert not any(alive(p) for p in server_pids)
+    study = load(url, name)
+    t = study.trials[trial.number]
+    assert t.state == TrialState.FAIL and t.user_attrs.get("reason") == "interrupted"
+    queued = [q for q in study.get_trials(states=(TrialState.WAITING,))
+              if q.system_attrs.get("failed_trial") == trial.number]
+    assert len(queued) == 1 and queued[0].params == trial.params  # its config waits
+
+
+@pytest.mark.slow
+def test_two_workers_on_a_journal_file(tmp_path: Path) -> None:
+    name, n = "journal", 8
+    url = f"journal:{tmp_path / 'study.log'}"
+    args = ["--space", "default", "--slo", "10s",
+            *common_args(tmp_path, name, url, n_trials=n, pace=0.5)]
+    workers = [Worker(tmp_path, f"j{i}", args) for i in range(2)]
+    try:
+        codes = [w.wait(90) for w in workers]
+    finally:
+        for w in workers:
+            w.stop()
+    assert codes == [0, 0], [w.text() for w in workers]
+    study = load(url, name)
+    done = study.get_trials(states=COUNTED)
+    assert len(done) == n
+    assert {owner(t) for t in done} == {str(w.pid) for w in workers}
+    keys = [config_key(t) for t in done]
+    assert len(keys) == len(set(keys))
+
+
+def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password() -> None:
+    from sqlalchemy.exc import OperationalError
+
+    from autotune.storage import call_with_retry, transient
+
+    calls: list[int] = []
+    slept: list[float] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 4:
+            raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+        return "ok"
+
+    assert call_with_retry(flaky, retry_s=60, sleep=slept.append) == "ok"
+    assert len(calls) == 4 and slept == [0.25, 0.5, 1.0]  # exponential backoff
+    wrong = OperationalError("connect", {}, Exception("password authentication failed"))
+    assert transient(OperationalError("x", {}, Exception("timeout"))) and not transient(wrong)
+    with pytest.raises(OperationalError):
+        call_with_retry(lambda: (_ for _ in ()).throw(wrong), sleep=slept.append)
+    assert len(slept) == 3
+
+
+@pytest.mark.postgres
+def test_a_missing_study_or_a_bad_storage_is_one_line(pg: Postgres, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    r = CliRunner().invoke(app, ["worker", "--study", "nope", "--storage", pg.url])
+    out = r.output + (getattr(r, "stderr", "") or "")
+    assert r.exit_code == 2 and "no study 'nope'" in out and pg.password not in out
+    r = CliRunner().invoke(app, ["worker", "--study", "x", "--storage", "redis://h/0"])
+    out = r.output + (getattr(r, "stderr", "") or "")
+    assert r.exit_code == 2 and "unsupported storage redis://h/0" in out
+
+
+@pytest.mark.slow
+def test_journal_kill_9_on_this_host_is_retried_without_heartbeats(tmp_path: Path) -> None:
+    name, n = "journal-kill", 4
+    url = f"journal:{tmp_path / 'study.log'}"
+    args = ["--space", "default", "--slo", "10s",
+            *common_args(tmp_path, name, url, n_trials=n, pace=1.5)]
+    victim, survivor = Worker(tmp_path, "v", args), Worker(tmp_path, "s", args)
+    try:
+        def victims_trial() -> optuna.trial.FrozenTrial | None:
+            try:
+                running = load(url, name).get_trials(states=(TrialState.RUNNING,))
+            except KeyError:
+                return None
+            mine = [t for t in running if owner(t) == str(victim.pid) and t.params]
+            return mine[0] if mine else None
+
+        killed = wait_for(victims_trial, 60, "the victim's trial")
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        assert survivor.wait(60) == 0, survivor.text()
+    finally:
+        victim.stop()
+        survivor.stop()
+    study = load(url, name)
+    assert study.trials[killed.number].state == TrialState.FAIL
+    retries = [t for t in study.trials if t.system_attrs.get("failed_trial") == killed.number]
+    assert len(retries) == 1 and retries[0].params == killed.params
+    assert len(study.get_trials(states=COUNTED)) == n

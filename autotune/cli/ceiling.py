@@ -177,11 +177,14 @@ def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UsageError(f"no study database {url[len('sqlite:///'):]}: check --study "
                          "or --storage")
+    from autotune.storage import mask_url, open_storage
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        st = optuna.load_study(study_name=o.study, storage=url)
+        st = optuna.load_study(study_name=o.study, storage=open_storage(
+            url, heartbeat_interval=None, grace_period=None))
     except KeyError:
-        raise UsageError(f"no study named {o.study!r} in {url}") from None
+        raise UsageError(f"no study named {o.study!r} in {mask_url(url)}") from None
     found = [t for t in st.get_trials(deepcopy=False) if t.number == o.trial]
     if not found:
         raise UsageError(f"study {o.study!r} has no trial {o.trial} "

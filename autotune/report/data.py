@@ -70,9 +70,16 @@ def default_storage(name: str, studies_dir: Path = Path("studies")) -> str:
 
 
 def load_study(name: str, storage: str) -> Any:
-    """The Optuna study, or a ReportError naming the studies that do exist."""
+    """The Optuna study, or a ReportError naming the studies that do exist.
+
+    Any storage ``autotune search`` takes (SQLite, PostgreSQL/MySQL, ``journal:PATH``)
+    opens through ``autotune.storage``; a URL is only ever shown with its password masked.
+    """
     import optuna
 
+    from autotune.storage import mask_url, open_storage
+
+    shown = mask_url(storage)
     if storage.startswith("sqlite:///"):
         path = Path(storage[len("sqlite:///"):])
         if not path.exists():
@@ -81,14 +88,15 @@ def load_study(name: str, storage: str) -> Any:
                 f"no study database at {path}: run `autotune search --study-name {name}` "
                 "first, or pass --storage URL")
     try:
-        names = optuna.get_all_study_names(storage=storage)
+        opened = open_storage(storage, heartbeat_interval=None, grace_period=None)
+        names = optuna.get_all_study_names(storage=opened)
     except Exception as exc:  # sqlalchemy errors come in many kinds
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ReportError(f"cannot open storage {storage}: {first}") from None
+        raise ReportError(f"cannot open storage {shown}: {mask_url(first)}") from None
     if name not in names:
         known = ", ".join(sorted(names)) or "none"
-        raise ReportError(f"no study named {name!r} in {storage} (studies there: {known})")
-    return optuna.load_study(study_name=name, storage=storage)
+        raise ReportError(f"no study named {name!r} in {shown} (studies there: {known})")
+    return optuna.load_study(study_name=name, storage=opened)
 
 
 # ----------------------------------------------------------------------------- rows

@@ -136,6 +136,17 @@ def test_failures_show_in_the_summary(
     assert summary["num_failed"] == 10 and summary["num_completed"] == 20
 
 
+def test_pitfalls_are_flagged(fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
+    server = fake_server()
+    out = tmp_path / "r.json"
+    code, stdout, stderr = bench(*synthetic(server.url, "--warmup", "0", "--output", str(out),
+                                            "--max-concurrency", "1"))
+    assert code == 0, stderr
+    codes = {d["code"] for d in json.loads(out.read_text())["run"]["diagnoses"]}
+    assert {"no_warmup", "single_stream", "fixed_short_prompts"} <= codes
+    assert "WARNING" in stdout
+
+
 def test_infinite_rate_writes_valid_json(
         fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
     server = fake_server()

@@ -108,7 +108,7 @@ def bench(
 
 
 def _bench(**opts: object) -> None:
-    from autotune import loadgen, tokenizer, workload
+    from autotune import diagnose, loadgen, tokenizer, workload
     from autotune.metrics import summarize
     from autotune.slo import combine
 
@@ -166,10 +166,15 @@ def _bench(**opts: object) -> None:
         console.print(table)
     console.print(f"How: {summary.how()}; workload {wl.source}; tokens counted with "
                   f"{wl.tokenizer}.", soft_wrap=True)
-    if summary.send_lag_p99_s > 1e-3:
-        console.print(f"[yellow]warning:[/] client send lag p99 is "
-                      f"{summary.send_lag_p99_s * 1e3:.1f} ms (> 1 ms): the load generator "
-                      "could not keep up, so these figures understate the server.")
+    # The rules include the client-limited check (send lag p99 > 1 ms) and the seed
+    # chapter's pitfalls (no warm-up, fixed short prompts, a single stream).
+    settings = {"warmup": len(warm), "max_concurrency": o.max_concurrency,
+                **diagnose.workload_settings([r.prompt_tokens for r in wl.requests],
+                                             wl.source)}
+    findings = diagnose.diagnose(summary, None, settings,
+                                 {"thirds_rps": diagnose.thirds_throughput(result.records)})
+    for line in diagnose.render(findings, "rich"):
+        console.print(line, soft_wrap=True)
 
     run = {
         "url": url, "model": model, "rate": None if o.rate == float("inf") else o.rate,
@@ -178,6 +183,7 @@ def _bench(**opts: object) -> None:
         "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
         "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
         "slo": None if slo is None else str(slo), "notes": wl.notes,
+        "diagnoses": [d.to_dict() for d in findings],
     }
     if o.output is not None and o.output_format is OutputFormat.vllm:
         from autotune.vllm_results import write_vllm_result

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from scipy.stats import binom
 
+from autotune.files import json_safe
 from autotune.records import RequestRecord
 from autotune.slo import SLO, SLOCheck, check_samples, quantile
 
@@ -142,7 +143,7 @@ class Summary:
         data = asdict(self)
         data.pop("samples")
         data["slo_check"] = None if self.slo_check is None else self.slo_check.to_dict()
-        return _finite(data)
+        return json_safe(data)
 
     def how(self) -> str:
         """One sentence that says how the figures were obtained."""
@@ -152,17 +153,6 @@ class Summary:
             f"{self.duration_s:.1f} s window from the first measured send to the last "
             f"measured completion; {self.num_warmup_excluded} warm-up requests excluded"
         )
-
-
-def _finite(obj: Any) -> Any:
-    """JSON has no inf/nan: write them as None."""
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _rate_of(times: Sequence[float]) -> float:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune import diagnose as dg
+from autotune.files import json_safe
 from autotune.knee import DEFAULT_MAX_GAIN, DEFAULT_MIN_RISE, Knee, find_knee
 from autotune.pruning import UNBOUNDED_BACKLOG, PrunerSettings, decide
 from autotune.scaling import ScalePoint, Scaling, analyze_scaling
@@ -423,7 +424,7 @@ class SweepResult:
         return buf.getvalue()
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite({
+        return json_safe({
             "how": self.how, "source": self.source, "simulated": self.simulated,
             "sweep": {"param": self.spec.param, "values": self.spec.values,
                       "rates": self.spec.rates, "concurrencies": self.spec.concurrencies,
@@ -440,17 +441,6 @@ class SweepResult:
 
 
 PointFn = Callable[[SweepPoint], None]
-
-
-def _finite(obj: Any) -> Any:
-    """JSON has no inf/nan: None instead."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _failed(flags: dict[str, Any], rate: float, backend: Backend, exc: TrialFailed

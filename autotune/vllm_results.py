@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.files import json_safe
 from autotune.metrics import Summary
 from autotune.records import RequestRecord
 
@@ -159,17 +160,7 @@ def write_vllm_result(
 
 def save_vllm_result(path: str | os.PathLike[str], result: Mapping[str, Any]) -> None:
     """Write one result as vLLM does (one JSON object, NaN/inf as null)."""
-    Path(path).write_text(json.dumps(_finite(result)) + "\n", encoding="utf-8")
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, Mapping):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
+    Path(path).write_text(json.dumps(json_safe(result)) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- read

@@ -8,7 +8,6 @@ import io
 import json
 import math
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from autotune.files import atomic_write
 from autotune.metrics import LatencyStats, Summary
 from autotune.records import RequestRecord
 
@@ -86,20 +86,6 @@ def check_writable(path: Path | None, what: str) -> None:
         raise UsageError(f"cannot write {what} {path}: folder {parent} is not writable")
     if path.is_dir():
         raise UsageError(f"cannot write {what} {path}: it is a folder; give a file name")
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write a whole file or nothing: a crash never leaves half a result behind."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -7,12 +7,12 @@ import csv
 import io
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.files import atomic_write
 from autotune.report import plots
 from autotune.report.data import (
     ReportError,
@@ -454,18 +454,6 @@ def trials_csv(rows: Iterable[Mapping[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def _atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
 def write_report(
     study_name: str,
     storage: str | None = None,
@@ -486,9 +474,9 @@ def write_report(
     plot_dir = out / "plots"
     page, figs, notes = build(data, plot_dir)
     html_path, md_path, csv_path = out / "report.html", out / "report.md", out / "trials.csv"
-    _atomic(md_path, markdown(page))
-    _atomic(html_path, html_page(page))
-    _atomic(csv_path, trials_csv(data.rows))
+    atomic_write(md_path, markdown(page))
+    atomic_write(html_path, html_page(page))
+    atomic_write(csv_path, trials_csv(data.rows))
     return ReportPaths(out_dir=out, html=html_path, markdown=md_path, trials_csv=csv_path,
                        plots=figs, notes=notes)
 

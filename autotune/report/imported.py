@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.files import atomic_write
 from autotune.report import plots
-from autotune.report.build import ReportPaths, _atomic, imported_table, trials_csv
+from autotune.report.build import ReportPaths, imported_table, trials_csv
 from autotune.report.data import ReportError, config_key
 from autotune.report.render import Figure, Page, Text, html_page, markdown
 
@@ -42,8 +43,8 @@ def write_imported_report(rows: Sequence[Mapping[str, Any]],
                   "the dashed lines are the throughput.", "note"))
     page.add("Results", imported_table(rows))
     html_path, md_path, csv_path = out / "report.html", out / "report.md", out / "trials.csv"
-    _atomic(md_path, markdown(page))
-    _atomic(html_path, html_page(page))
-    _atomic(csv_path, trials_csv(curves))
+    atomic_write(md_path, markdown(page))
+    atomic_write(html_path, html_page(page))
+    atomic_write(csv_path, trials_csv(curves))
     return ReportPaths(out_dir=out, html=html_path, markdown=md_path, trials_csv=csv_path,
                        plots={"vllm_rate_curves": path})

@@ -63,6 +63,7 @@ class LoadTestConfig:
     ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     spin_s: float = DEFAULT_SPIN_S
+    transport: str = "aiohttp"  # "aiohttp" (httpx-aiohttp) or "httpx" (httpx's own)
 
     def __post_init__(self) -> None:
         self.url = normalize_url(self.url)
@@ -85,6 +86,8 @@ class LoadTestConfig:
             raise LoadGenError(f"request timeout must be > 0 s, got {self.request_timeout_s}")
         if not self.window_s > 0:
             raise LoadGenError(f"window must be > 0 s, got {self.window_s}")
+        if self.transport not in ("aiohttp", "httpx"):
+            raise LoadGenError(f"unknown transport {self.transport!r}; use aiohttp or httpx")
         if self.spin_s < 0:
             raise LoadGenError(f"spin_s must be >= 0, got {self.spin_s}")
 
@@ -160,9 +163,18 @@ def _models_from(url: str, response: httpx.Response) -> list[str]:
     return models
 
 
+def _timed_out(exc: BaseException) -> bool:
+    """A real timeout.  httpx-aiohttp raises ConnectTimeout for refused and dropped
+    connections too, so the aiohttp error underneath decides."""
+    if not isinstance(exc, httpx.TimeoutException):
+        return False
+    cause = exc.__cause__
+    return cause is None or isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__
+
+
 def _unreachable(url: str, exc: httpx.HTTPError) -> LoadGenError:
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
+    if _timed_out(exc):
         return LoadGenError(f"server at {url} did not answer GET /v1/models in time ({text})")
     reason = "connection refused" if "refused" in text.lower() else text
     return LoadGenError(f"no server at {url}: {reason}; is it running?")
@@ -215,8 +227,14 @@ def _chunk_text(obj: dict[str, Any]) -> str | None:
 def _describe(exc: BaseException) -> str:
     """``kind: detail`` for a failed request (metrics group failures by kind)."""
     text = str(exc) or type(exc).__name__
-    if isinstance(exc, httpx.TimeoutException):
+    if _timed_out(exc):
         return f"timeout: {type(exc).__name__}: {text}"
+    if isinstance(exc, httpx.TimeoutException):  # a connection error under aiohttp
+        cause = exc.__cause__
+        detail = str(cause) or type(cause).__name__
+        if "refused" in detail.lower() or "connect call failed" in detail.lower():
+            return f"connection: connect failed: {detail}"
+        return f"connection: {type(cause).__name__}: {detail}"
     if isinstance(exc, httpx.ConnectError):
         return f"connection: connect failed: {text}"
     if isinstance(exc, httpx.RemoteProtocolError):
@@ -424,12 +442,21 @@ def _raise_fd_limit(wanted: int) -> None:
 
 def _client(config: LoadTestConfig, total: int) -> httpx.AsyncClient:
     # The pool must never be a hidden concurrency cap: as many connections as requests
-    # can be in flight, all kept alive.
+    # can be in flight, all kept alive.  aiohttp's transport under httpx's API: it cost
+    # about a third of the CPU per request of httpx's own transport and sustained 2.6x
+    # the rate on one core (benchmarks/tool_comparison.py), so the client is not the
+    # bottleneck; httpx's transport stays as the fallback where aiohttp is missing.
     cap = config.max_concurrency
-    limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap or total,
-                          keepalive_expiry=60.0)
-    return httpx.AsyncClient(base_url=config.url, limits=limits, headers=_auth(config.api_key),
-                             timeout=httpx.Timeout(config.request_timeout_s))
+    limits = httpx.Limits(max_connections=cap or max(total, 1000),
+                          max_keepalive_connections=cap or total, keepalive_expiry=60.0)
+    kwargs: dict[str, Any] = dict(base_url=config.url, limits=limits,
+                                  headers=_auth(config.api_key),
+                                  timeout=httpx.Timeout(config.request_timeout_s))
+    if config.transport == "aiohttp" and importlib.util.find_spec("httpx_aiohttp"):
+        from httpx_aiohttp import HttpxAiohttpClient
+
+        return HttpxAiohttpClient(**kwargs)
+    return httpx.AsyncClient(**kwargs)
 
 
 async def run_load_test(

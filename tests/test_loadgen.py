@@ -369,3 +369,21 @@ def test_fake_server_cli_ignores_vllm_flags_and_exits_on_sigterm() -> None:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+def test_both_transports_count_the_same(fake_server, transport: str) -> None:
+    server = fake_server(fault="500", fail_every=4)
+    result = run_load_test_sync(
+        LoadTestConfig(url=server.url, model="m", rate=200.0, warmup=0, transport=transport),
+        _requests(12))
+    errors = [r.error for r in result.records]
+    assert sum(e is None for e in errors) == 9
+    assert all(e.startswith("http 500") for e in errors if e is not None)
+    sent = server.stats()["tokens_sent"]
+    assert sum(r.output_tokens for r in result.records if r.ok) == sent == 9 * 8
+
+
+def test_unknown_transport_is_refused() -> None:
+    with pytest.raises(LoadGenError, match="transport"):
+        LoadTestConfig(url="http://127.0.0.1:1", transport="curl")

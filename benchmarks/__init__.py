@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks` regenerates benchmarks/RESULTS.md."""

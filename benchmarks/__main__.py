@@ -1,0 +1,156 @@
+"""``python -m benchmarks``: run every benchmark, then write benchmarks/RESULTS.md.
+
+    python -m benchmarks                    # full run (tens of minutes)
+    python -m benchmarks --smoke            # tiny sizes, to see that all still run
+    python -m benchmarks --only tool_comparison,metric_agreement
+    python -m benchmarks --reuse            # keep JSON already in --json-dir, run the rest
+
+Each benchmark runs as its own process (the exact command is written into the page),
+its JSON is kept next to the page under ``benchmarks/results/`` (``--json-dir``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.results import BenchRun, parse_json_output, render
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+
+
+@dataclass(frozen=True)
+class Bench:
+    name: str
+    title: str
+    script: str
+    json_via: str  # "output" (--output FILE) | "stdout" (prints JSON) | "text"
+    smoke_flag: bool = True
+
+
+BENCHMARKS = [
+    Bench("tool_comparison", "4. Load-generator capacity: ours vs vllm bench serve vs GuideLLM",
+          "tool_comparison.py", "output"),
+    Bench("metric_agreement", "5. Metric agreement with vllm bench serve",
+          "metric_agreement.py", "output"),
+    Bench("loadgen_capacity", "Load-generator capacity (ours alone, fake server)",
+          "loadgen_capacity.py", "output"),
+    Bench("ceiling_probes", "3. Ceiling probes vs 1 req/s step-down", "ceiling_probes.py",
+          "output"),
+    Bench("pruning_savings", "2. Pruning savings", "pruning_savings.py", "stdout"),
+    Bench("sim_speed", "6. Simulator speed", "sim_speed.py", "stdout"),
+    Bench("search_efficiency", "1. Search efficiency", "search_efficiency.py", "output"),
+    Bench("workload_load", "Workload build time", "workload_load.py", "text",
+          smoke_flag=False),
+]
+
+
+def command_for(b: Bench, smoke: bool, json_path: Path) -> list[str]:
+    cmd = ["python", f"benchmarks/{b.script}"]
+    if smoke and b.smoke_flag:
+        cmd.append("--smoke")
+    if b.json_via == "output":
+        cmd += ["--output", str(json_path.relative_to(ROOT))
+                if json_path.is_relative_to(ROOT) else str(json_path)]
+    return cmd
+
+
+def run_one(b: Bench, smoke: bool, json_dir: Path, timeout_s: float) -> BenchRun:
+    json_path = json_dir / f"{b.name}.json"
+    cmd = command_for(b, smoke, json_path)
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, *cmd[1:]], cwd=ROOT, capture_output=True,
+                              text=True, timeout=timeout_s)
+        rc, out, err = proc.returncode, proc.stdout, proc.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = 124, _text(e.stdout), _text(e.stderr) + f"\ntimed out after {timeout_s} s"
+    wall = time.perf_counter() - t0
+    run = BenchRun(b.name, b.title, cmd, wall, rc)
+    if b.json_via == "output" and json_path.exists() and rc == 0:
+        run.data = json.loads(json_path.read_text())
+    elif b.json_via == "stdout" and rc == 0:
+        run.data = parse_json_output(out)
+        if run.data is not None:
+            json_path.write_text(json.dumps(run.data, indent=2))
+        else:
+            run.text = out
+    elif rc == 0:
+        run.text = out
+    if rc != 0:
+        run.text = (out[-1500:] + "\n" + err[-2500:]).strip()
+    return run
+
+
+def reused(b: Bench, smoke: bool, json_dir: Path) -> BenchRun:
+    """A benchmark's saved JSON from an earlier run, said so on the page."""
+    path = json_dir / f"{b.name}.json"
+    data = json.loads(path.read_text())
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    run = BenchRun(b.name, b.title, command_for(b, smoke, path),
+                   float(data.get("total_wall_s", float("nan"))), 0, data)
+    run.notes.append(f"figures reused from {path.name}, written {when} by the command above")
+    return run
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b.decode(errors="replace") if isinstance(b, bytes) else b
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="tiny sizes (minutes, not hours)")
+    p.add_argument("--only", default="", help="comma-separated benchmark names")
+    p.add_argument("--json-dir", type=Path, default=HERE / "results")
+    p.add_argument("--results", type=Path, default=HERE / "RESULTS.md",
+                   help="where to write the page (default benchmarks/RESULTS.md)")
+    p.add_argument("--reuse", action="store_true",
+                   help="use a benchmark's JSON already in --json-dir instead of rerunning it")
+    p.add_argument("--note", action="append", default=[],
+                   help="a line for the page's header (e.g. what else ran on the machine)")
+    p.add_argument("--timeout-s", type=float, default=3600.0, help="per benchmark")
+    args = p.parse_args(argv)
+    names = [n.strip() for n in args.only.split(",") if n.strip()]
+    known = {b.name for b in BENCHMARKS}
+    bad = [n for n in names if n not in known]
+    if bad:
+        print(f"error: unknown benchmark(s) {', '.join(bad)}; known: {', '.join(sorted(known))}",
+              file=sys.stderr)
+        return 2
+    selected = [b for b in BENCHMARKS if not names or b.name in names]
+    selected = [b for b in selected if (HERE / b.script).exists()]
+    args.json_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    runs = []
+    for b in selected:
+        if args.reuse and (args.json_dir / f"{b.name}.json").exists():
+            runs.append(reused(b, args.smoke, args.json_dir))
+            continue
+        print(f"running {b.name} ...", file=sys.stderr, flush=True)
+        runs.append(run_one(b, args.smoke, args.json_dir, args.timeout_s))
+        print(f"  {b.name}: exit {runs[-1].returncode}, {runs[-1].wall_s:.0f} s",
+              file=sys.stderr, flush=True)
+    command = "python -m benchmarks" + (" --smoke" if args.smoke else "") + (
+        f" --only {args.only}" if names else "") + (" --reuse" if args.reuse else "")
+    # Reused figures took their own time in the run that wrote them: count it.
+    total = time.perf_counter() - t0 + sum(r.wall_s for r in runs if r.notes
+                                           and r.wall_s == r.wall_s)
+    page = render(runs, total_wall_s=total, command=command,
+                  smoke=args.smoke, notes=args.note)
+    tmp = args.results.with_suffix(".md.tmp")
+    tmp.write_text(page)
+    tmp.replace(args.results)
+    print(f"wrote {args.results}", file=sys.stderr)
+    return 0 if all(r.returncode == 0 for r in runs) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,125 @@
+"""Smoke runs of the benchmarks (tiny sizes) so they cannot rot.  Figures are not checked.
+
+vLLM's benchmark client needs about a minute just to import on a shared 2-core
+machine and GuideLLM another minute to start, so the parts that drive them run only
+with AUTOTUNE_BENCH_EXTERNAL=1; without it they are skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import metric_agreement  # noqa: E402
+import tool_comparison  # noqa: E402
+
+from benchmarks import __main__ as bench_main  # noqa: E402
+from benchmarks.results import BenchRun, parse_json_output, render  # noqa: E402
+
+EXTERNAL = os.environ.get("AUTOTUNE_BENCH_EXTERNAL") == "1"
+EXTERNAL_WHY = ("external clients are slow to start (vLLM import ~1 min, GuideLLM ~1 min); "
+                "set AUTOTUNE_BENCH_EXTERNAL=1 to run them")
+
+
+def test_tool_comparison_smoke_ours(tmp_path: Path) -> None:
+    tools = "ours,ours-aiohttp"
+    out = tmp_path / "tc.json"
+    assert tool_comparison.main(["--smoke", "--tools", tools, "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    runs = data["tools"]["ours"]["runs"]
+    assert runs and all(r["completed"] == r["requests"] for r in runs)
+    assert data["tools"]["ours"]["capacity"]["max_sustained_rate"] > 0
+    if "ours-aiohttp" not in data["skipped"]:
+        assert data["tools"]["ours-aiohttp"]["runs"]
+
+
+@pytest.mark.skipif(not EXTERNAL, reason=EXTERNAL_WHY)
+def test_tool_comparison_smoke_external(tmp_path: Path) -> None:
+    for tool, why in (("vllm", tool_comparison.vllm_available()),
+                      ("guidellm", tool_comparison.guidellm_available())):
+        if why:
+            continue
+        out = tmp_path / f"{tool}.json"
+        assert tool_comparison.main(["--smoke", "--tools", tool, "--output", str(out)]) == 0
+        assert json.loads(out.read_text())["tools"][tool]["runs"]
+
+
+@pytest.mark.skipif(not EXTERNAL, reason=EXTERNAL_WHY)
+def test_metric_agreement_smoke(tmp_path: Path) -> None:
+    if tool_comparison.vllm_available():
+        pytest.skip(tool_comparison.vllm_available())
+    out = tmp_path / "m.json"
+    assert metric_agreement.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert {r["figure"] for r in data["comparison"]} >= {"ttft_p50_ms", "e2e_p99_ms"}
+
+
+def test_metric_agreement_dataset_is_seeded(tmp_path: Path) -> None:
+    a = metric_agreement.make_dataset(tmp_path / "a.jsonl", 5, 3, (4, 8), (2, 4))
+    b = metric_agreement.make_dataset(tmp_path / "b.jsonl", 5, 3, (4, 8), (2, 4))
+    assert a == b
+    lines = (tmp_path / "a.jsonl").read_text().splitlines()
+    assert [json.loads(x) for x in lines] == a
+    assert all(4 <= len(r["prompt"].split()) <= 8 and 2 <= r["output_tokens"] <= 4 for r in a)
+
+
+def test_metric_agreement_compare_flags_differences() -> None:
+    keys = ["request_throughput", "output_throughput"] + [
+        f"{m}_{q}_ms" for m in metric_agreement.METRICS for q in ("p50", "p99")]
+    ours = dict.fromkeys(keys, 100.0)
+    theirs = dict.fromkeys(keys, 100.0)
+    theirs["ttft_p99_ms"] = 110.0
+    rows = {r["figure"]: r for r in metric_agreement.compare(ours, theirs)}
+    assert rows["ttft_p50_ms"]["within_3pct"]
+    assert not rows["ttft_p99_ms"]["within_3pct"]
+    assert rows["ttft_p99_ms"]["rel_diff"] == pytest.approx(-10 / 110)
+
+
+def test_parse_json_output_takes_last_block() -> None:
+    assert parse_json_output('{"a": 1}') == {"a": 1}
+    assert parse_json_output('table\nrow 1\n{"saved": 0.5,\n "n": 2}\n') == {"saved": 0.5, "n": 2}
+    assert parse_json_output("no json here") is None
+
+
+def test_render_states_machine_commands_and_figures() -> None:
+    tc = {"pinning": "x", "output_tokens": 16, "input_tokens": 16, "duration_s_per_rate": 1,
+          "min_ratio": 0.95, "skipped": {"guidellm": "not installed"},
+          "tools": {"ours": {"runs": [{"offered_rate": 10.0, "achieved_rate": 9.9, "ratio": 0.99,
+                                       "completed": 10, "requests": 10, "sustained": True}],
+                             "capacity": {"max_sustained_rate": 10.0, "achieved_at_max": 9.9,
+                                          "streamed_tok_s_at_max": 158.4}, "wall_s": 2.0}}}
+    runs = [BenchRun("tool_comparison", "4. cap", ["python", "benchmarks/tool_comparison.py"],
+                     3.0, 0, tc),
+            BenchRun("sim_speed", "6. sim", ["python", "benchmarks/sim_speed.py"], 1.0, 0,
+                     {"requests_per_cpu_s": 1234.5}),
+            BenchRun("workload_load", "w", ["python", "benchmarks/workload_load.py"], 1.0, 1,
+                     None, "boom")]
+    page = render(runs, total_wall_s=65.0, command="python -m benchmarks")
+    assert "CPUs (" in page and "Full run took 1.1 min" in page
+    assert "`python benchmarks/tool_comparison.py`" in page
+    assert "| ours | 10.00 |" in page and "| 158 |" in page
+    assert "requests_per_cpu_s | 1,234" in page
+    assert "exit 1" in page and "boom" in page
+    assert "Skipped guidellm: not installed" in page
+
+
+def test_main_rejects_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_main.main(["--only", "nope"]) == 2
+    assert "unknown benchmark" in capsys.readouterr().err
+
+
+def test_main_smoke_writes_results(tmp_path: Path) -> None:
+    page = tmp_path / "RESULTS.md"
+    rc = bench_main.main(["--smoke", "--only", "tool_comparison", "--json-dir",
+                          str(tmp_path), "--results", str(page)])
+    text = page.read_text()
+    assert "python benchmarks/tool_comparison.py --smoke --output" in text
+    assert rc == 0, text
+    assert (tmp_path / "tool_comparison.json").exists()

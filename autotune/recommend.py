@@ -85,6 +85,7 @@ class Pick:
     max_feasible_rate: float | None
     command: str
     predicted: dict[str, Any] | None = None
+    ceiling: dict[str, Any] | None = None  # the refined ceiling search, when run
 
 
 @dataclass
@@ -102,6 +103,9 @@ class Recommendation:
     notes: list[str] = field(default_factory=list)
     table: list[dict[str, Any]] = field(default_factory=list)  # seed-style rate table
     table_how: str = ""
+    ceilings: list[dict[str, Any]] = field(default_factory=list)  # refined, one per config
+    # Pre-screened trials: the simulator's prediction next to what was measured.
+    predictions: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(asdict(self))
@@ -181,7 +185,26 @@ def recommend(
     return Recommendation(
         slo=slo, objective=objective, best=best, baseline=baseline, vs_baseline=vs,
         next_best=picks[1:], rate_cap=cap_with_headroom(best.max_feasible_rate, headroom),
-        headroom=headroom, trials=counts, source=source, notes=notes)
+        headroom=headroom, trials=counts, source=source, notes=notes,
+        predictions=predictions_vs_measured(views))
+
+
+def predictions_vs_measured(views: Sequence[TrialView]) -> list[dict[str, Any]]:
+    """One row per pre-screened trial: predicted (simulated) and measured figures."""
+    rows = []
+    for v in sorted((v for v in views if v.predicted), key=lambda v: v.number):
+        p = v.predicted or {}
+        rows.append({
+            "trial": v.number, "config": {k: x for k, x in v.flags.items()
+                                          if k not in CLIENT_PARAMS},
+            "predicted": {"source": p.get("source"), "ceiling_rate": p.get("ceiling_rate"),
+                          "goodput_tokens": p.get("goodput_tokens"),
+                          "p99_e2e_s": p.get("p99_e2e_s")},
+            "measured": {"source": v.source or None, "rate": v.rate, "feasible": v.feasible,
+                         "status": v.status, "goodput_tokens": v.goodput_tokens,
+                         "p99_e2e_s": v.p99_e2e_s},
+        })
+    return rows
 
 
 def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
@@ -202,6 +225,77 @@ def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
                        f"{baseline.rate} req/s ({baseline.reason or baseline.status}): any "
                        "feasible config beats it")
     return out
+
+
+# ----------------------------------------------------------------------------- ceilings
+
+
+def _ceiling_pick(c: Mapping[str, Any], views: Sequence[TrialView], objective: str,
+                  per_gpu: bool) -> Pick | None:
+    """A pick at a refined ceiling: the passing probe at ``feasible_max``."""
+    top = c.get("feasible_max")
+    if not c.get("feasible") or top is None:
+        return None
+    passing = [p for p in c.get("probes") or [] if p.get("rate") == top
+               and p.get("verdict") == "pass"]
+    if not passing:
+        return None
+    probe = max(passing, key=lambda p: p.get("num_prompts") or 0)
+    summ = probe.get("summary") or {}
+    view = next((v for v in views if v.number == c.get("trial")), None)
+    gpus = view.gpus if view is not None else 1
+    value = summ.get("goodput_tokens" if objective == "tokens" else "goodput_requests") or 0.0
+    if per_gpu:
+        value /= max(gpus, 1)
+    flags = dict(view.flags) if view is not None else dict(c.get("config") or {})
+    brief = {k: c.get(k) for k in ("answer", "source", "feasible_max", "infeasible_min",
+                                   "converged", "binding", "recommended_cap",
+                                   "search_probes", "total_probes", "start_rate")}
+    return Pick(trial=int(c.get("trial") or 0), flags=flags, rate=top, value=value,
+                goodput_tokens=summ.get("goodput_tokens"),
+                goodput_requests=summ.get("goodput_requests"),
+                p99_e2e_s=(summ.get("e2e") or {}).get("p99"), attainment=summ.get("attainment"),
+                gpus=gpus, max_feasible_rate=top, command=serve_command(flags),
+                predicted=view.predicted if view is not None else None, ceiling=brief)
+
+
+def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
+                   ceilings: Sequence[Mapping[str, Any]], *, objective: str = "tokens",
+                   per_gpu: bool = False) -> Recommendation:
+    """Re-rank on refined ceilings (``RefinedCeiling.to_dict()``): the best config is
+    the one with the highest objective at its own ceiling, and the rate cap is
+    ``headroom`` under that ceiling, not under the one rate a trial happened to try.
+    Configs without a feasible ceiling keep their trial figures, after the refined ones."""
+    picks = [p for p in (_ceiling_pick(c, views, objective, per_gpu) for c in ceilings) if p]
+    rec.ceilings = [{"trial": c.get("trial"), "answer": c.get("answer"),
+                     "feasible_max": c.get("feasible_max"),
+                     "recommended_cap": c.get("recommended_cap"),
+                     "infeasible_min": c.get("infeasible_min"),
+                     "total_probes": c.get("total_probes"), "source": c.get("source")}
+                    for c in ceilings]
+    by_trial = {c.get("trial"): c for c in ceilings}
+    for row in rec.predictions:
+        c = by_trial.get(row["trial"])
+        if c is not None:
+            row["measured"]["ceiling_rate"] = c.get("feasible_max")
+    if not picks:
+        return rec
+    picks.sort(key=lambda p: (-p.value, p.trial))
+    refined = {json.dumps({k: v for k, v in sorted(p.flags.items()) if k not in CLIENT_PARAMS},
+                          sort_keys=True, default=str) for p in picks}
+    rest = [p for p in [rec.best, *rec.next_best]
+            if json.dumps({k: v for k, v in sorted(p.flags.items()) if k not in CLIENT_PARAMS},
+                          sort_keys=True, default=str) not in refined]
+    keep = max(len(rec.next_best), len(picks) - 1)
+    rec.best, rec.next_best = picks[0], [*picks[1:], *rest][:keep]
+    rec.rate_cap = cap_with_headroom(rec.best.max_feasible_rate, rec.headroom)
+    rec.vs_baseline = _versus(rec.best, rec.baseline)
+    rec.notes.append(
+        f"ranked on refined ceilings: the ceiling search ran on the {len(ceilings)} best "
+        "configs (each probe a full load test, a 95% upper bound on every limit's "
+        "percentile must meet the SLO); the rate cap is the headroom under the recommended "
+        "config's refined ceiling")
+    return rec
 
 
 # ----------------------------------------------------------------------------- text
@@ -289,6 +383,25 @@ def to_markdown(rec: Recommendation) -> str:
                   f"{_num(b.goodput_tokens)} |",
                   f"| P99 e2e (s) | {_num(p.get('p99_e2e_s'), '.2f')} | "
                   f"{_num(b.p99_e2e_s, '.2f')} |"]
+    if rec.ceilings:
+        lines += ["", "## Refined ceilings", "",
+                  "The ceiling search on the best configs, from each trial's rate; the "
+                  "recommendation and its rate cap come from these.", ""]
+        for c in rec.ceilings:
+            lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
+                         f"({c.get('total_probes')} load tests, {c.get('source')})")
+    if rec.predictions:
+        lines += ["", "## Pre-screened configs: predicted vs measured", "",
+                  "| trial | config | predicted ceiling (req/s) | measured at (req/s) | "
+                  "predicted goodput (tok/s) | measured goodput (tok/s) | predicted P99 (s) "
+                  "| measured P99 (s) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in rec.predictions:
+            p, m = r["predicted"], r["measured"]
+            lines.append(
+                f"| {r['trial']} | {flags_line(r['config']) or r['config']} | "
+                f"{_num(p.get('ceiling_rate'), '.2f')} | {_num(m.get('rate'), '.2f')} | "
+                f"{_num(p.get('goodput_tokens'))} | {_num(m.get('goodput_tokens'))} | "
+                f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
     if rec.table:
         lines += ["", "## The recommended config across rates", "", rec.table_how, "",
                   "| rate (req/s) | output tok/s | P99 e2e (s) | GPU util | overloaded |",

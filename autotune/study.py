@@ -33,6 +33,7 @@ from autotune.trial import (
     PRUNED,
     Backend,
     LoadPlan,
+    TrialFailed,
     TrialResult,
     evaluate,
 )
@@ -545,3 +546,115 @@ def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, backend: Bac
         }
         out.append((params, {"predicted": predicted}))
     return out
+
+
+# ----------------------------------------------------------------------------- refine
+
+
+@dataclass
+class RefinedCeiling:
+    """The ceiling search's answer for one of the study's best configs."""
+
+    trial: int
+    config: dict[str, Any]
+    start_rate: float
+    result: Any  # autotune.ceiling.CeilingResult
+    path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config, "trial": self.trial, "start_rate": self.start_rate,
+                **self.result.to_dict()}
+
+
+def top_configs(rows: Sequence[TrialRow], *, top_k: int) -> list[TrialRow]:
+    """The best feasible trial of each of the ``top_k`` best distinct server configs."""
+    seen: set[str] = set()
+    picks: list[TrialRow] = []
+    for row in sorted((r for r in rows if r.feasible and r.value is not None),
+                      key=lambda r: (-(r.value or 0.0), r.number)):
+        key = repr(sorted((k, v) for k, v in row.flags.items() if k not in CLIENT_PARAMS))
+        if key in seen:
+            continue
+        seen.add(key)
+        picks.append(row)
+        if len(picks) >= top_k:
+            break
+    return picks
+
+
+def refine_ceilings(
+    rows: Sequence[TrialRow],
+    backend: Backend,
+    plan: LoadPlan,
+    *,
+    top_k: int = 3,
+    headroom: float = 0.10,
+    max_probes: int = 8,
+    tol: float = 0.05,
+    num_prompts: int | None = None,
+    out_dir: Path | None = None,
+    on_ceiling: Callable[[RefinedCeiling], None] | None = None,
+) -> list[RefinedCeiling]:
+    """Run ``find_ceiling`` on the ``top_k`` best feasible configs, starting at each
+    trial's rate, on the study's backend (one server start per config, reused across its
+    probes).  Each result goes to ``<out_dir>/ceiling-trial-<n>.json`` (what the report
+    plots).  A config whose probes cannot run is skipped, never ends the search."""
+    from autotune.ceiling import BackendProbe, CeilingError, find_ceiling, min_samples_for_bound
+
+    n = num_prompts or len(plan.requests)
+    need = max(min_samples_for_bound(lim.percentile, 0.95) for lim in plan.slo.limits)
+    out: list[RefinedCeiling] = []
+    for row in top_configs(rows, top_k=top_k):
+        config = {k: v for k, v in row.flags.items() if k not in CLIENT_PARAMS}
+        start = float(row.rate or 1.0)
+        pool = list(plan.warmup_requests) + list(plan.requests)
+        probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
+                             seed=plan.seed, window_s=plan.window_s,
+                             request_timeout_s=plan.request_timeout_s)
+        try:
+            result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
+                                  max_probes=max_probes, num_prompts=n,
+                                  max_num_prompts=2 * max(n, need), headroom=headroom)
+        except (CeilingError, TrialFailed) as exc:
+            out_note = f"trial {row.number}: ceiling search stopped: {exc}"
+            if on_ceiling is not None:
+                on_ceiling(RefinedCeiling(row.number, config, start, _Failed(out_note)))
+            continue
+        refined = RefinedCeiling(trial=row.number, config=config, start_rate=start,
+                                 result=result)
+        if out_dir is not None:
+            import json
+
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / f"ceiling-trial-{row.number}.json"
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(_json_safe(refined.to_dict()), indent=2,
+                                      allow_nan=False, default=str) + "\n", encoding="utf-8")
+            tmp.replace(path)
+            refined.path = path
+        out.append(refined)
+        if on_ceiling is not None:
+            on_ceiling(refined)
+    return out
+
+
+@dataclass
+class _Failed:
+    """Stands in for a CeilingResult when a config's ceiling search could not run."""
+
+    note: str
+    feasible: bool = False
+    feasible_max: float | None = None
+
+    def sentence(self) -> str:
+        return self.note
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
+        return None
+    if isinstance(obj, dict):
+        return {str(k): _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_json_safe(v) for v in obj]
+    return obj

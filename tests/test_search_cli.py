@@ -102,6 +102,21 @@ def test_search_sim_writes_recommendation(tmp_path: Path) -> None:
     md = (tmp_path / "studies" / "e2e" / "recommendation.md").read_text()
     assert "vllm serve" in md and "Rate cap" in md
     assert "Recommended" in out and "rate cap at the gateway" in out
+    # Refined: the ceiling search ran on the best configs; the cap is under its ceiling.
+    folder = tmp_path / "studies" / "e2e"
+    files = sorted(folder.glob("ceiling-trial-*.json"))
+    assert 1 <= len(files) <= 3 and len(rec["ceilings"]) == len(files)
+    ceil = rec["best"]["ceiling"]
+    assert ceil is not None and (folder / f"ceiling-trial-{rec['best']['trial']}.json").is_file()
+    assert rec["best"]["max_feasible_rate"] == ceil["feasible_max"]
+    assert rec["rate_cap"] == pytest.approx(0.9 * ceil["feasible_max"], abs=0.01)
+    for f in files:
+        data = json.loads(f.read_text())
+        assert {"config", "trial", "probes", "feasible_max"} <= set(data)
+        assert f"ceiling of trial {data['trial']}: {data['answer']}" in out.replace("\n", " ")
+    # The report is written at the end, and says where.
+    assert (folder / "report.html").is_file() and (folder / "report.md").is_file()
+    assert "report.html" in out and "report.md" in out
     study = optuna.load_study(study_name="e2e",
                               storage=f"sqlite:///{tmp_path / 'studies' / 'e2e.db'}")
     best = study.trials[rec["best"]["trial"]]
@@ -134,7 +149,7 @@ def test_search_vllm_backend_with_the_simulator_as_vllm(tmp_path: Path) -> None:
     code, out, err = search(tmp_path, "--slo-p99", "10s", "--space", str(space),
                             "--backend", "vllm", "--model", "llama-3-8b", "--vllm-cmd", cmd,
                             "--num-prompts", "20", "--warmup", "5", "--n-trials", "3",
-                            "--sampler", "grid", "--study-name", "real")
+                            "--sampler", "grid", "--study-name", "real", "--refine-top", "0")
     assert code == 0, err + out
     study = optuna.load_study(study_name="real",
                               storage=f"sqlite:///{tmp_path / 'studies' / 'real.db'}")
@@ -148,3 +163,145 @@ def test_search_vllm_backend_with_the_simulator_as_vllm(tmp_path: Path) -> None:
     assert all(r["summary"]["source"].startswith("measured") for r in results if r["summary"])
     logs = list((tmp_path / "studies" / "real" / "logs").glob("*"))
     assert logs
+
+
+SMALL = ("--slo-p99", "10s", "--space", "llama3-8b-4xa100", "--num-prompts", "60",
+         "--warmup", "5", "--n-trials", "3")
+
+
+def test_refine_top_zero_and_a_failed_report_keep_the_study(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.report
+
+    def broken(*args: object, **kw: object) -> None:
+        raise RuntimeError("plots exploded\nsecond line")
+
+    monkeypatch.setattr(autotune.report, "write_report", broken)
+    code, out, err = search(tmp_path, *SMALL, "--refine-top", "0", "--study-name", "s")
+    assert code == 0, err
+    folder = tmp_path / "studies" / "s"
+    assert (folder / "recommendation.json").is_file()
+    assert not list(folder.glob("ceiling*.json"))
+    assert json.loads((folder / "recommendation.json").read_text())["ceilings"] == []
+    warn = [line for line in err.splitlines() if "warning" in line]
+    assert len(warn) == 1 and "plots exploded" in warn[0] and "second line" not in err
+    assert "refining" not in out
+
+
+def test_missing_tracker_package_stops_before_any_trial(tmp_path: Path) -> None:
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed")
+    code, _, err = search(tmp_path, *SMALL, "--wandb", "proj")
+    _bad(tmp_path, code, err, "pip install wandb")
+    assert code == 2
+
+
+def test_wandb_logs_every_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import autotune.trackers as trackers
+
+    logged: list[dict[str, object]] = []
+    finished: list[bool] = []
+
+    class Run:
+        def log(self, data: dict[str, object], step: int) -> None:
+            logged.append(data)
+
+        def finish(self) -> None:
+            finished.append(True)
+
+    fake = types.SimpleNamespace(init=lambda **kw: Run())
+    monkeypatch.setattr(trackers, "_import", lambda package: fake)
+    code, _, err = search(tmp_path, *SMALL, "--refine-top", "0", "--wandb", "proj",
+                          "--study-name", "w")
+    assert code == 0, err
+    study = optuna.load_study(study_name="w",
+                              storage=f"sqlite:///{tmp_path / 'studies' / 'w.db'}")
+    ran = [t for t in study.trials if (t.user_attrs.get("result") or {}).get("summary")]
+    assert ran and len(logged) == len(ran)
+    assert all("config/study" in row for row in logged)
+    assert finished == [True]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--vllm-env", "NOEQUALS"], "--vllm-env 'NOEQUALS': give KEY=VALUE"),
+        (["--gpu-ids", "0,x"], "--gpu-ids '0,x'"),
+        (["--gpu-ids", "1,1"], "listed twice"),
+        (["--startup-timeout", "0"], "--startup-timeout"),
+        (["--refine-top", "-1"], "--refine-top"),
+    ],
+)
+def test_bad_server_options_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    code, _, err = search(tmp_path, "--slo-p99", "10s", *args)
+    _bad(tmp_path, code, err, needle)
+
+
+def test_server_options_reach_vllm_server(tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import autotune.server
+    from autotune.cli._common import UsageError
+
+    seen: dict[str, object] = {}
+
+    class Recorder:
+        def __init__(self, model: str, **kw: object) -> None:
+            seen.update(kw, model=model)
+            raise UsageError("recorded")
+
+    monkeypatch.setattr(autotune.server, "VllmServer", Recorder)
+    code, _, err = search(tmp_path, *SMALL, "--model", "/models/tiny", "--vllm-cmd",
+                          "python -m vllm.entrypoints.openai.api_server --enforce-eager",
+                          "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "--vllm-env",
+                          "VLLM_CPU_KVCACHE_SPACE=1", "--gpu-ids", "0,1",
+                          "--startup-timeout", "120")
+    assert code == 2 and "recorded" in err
+    assert seen["model"] == "/models/tiny"
+    assert seen["env"] == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    assert seen["gpus"] == [0, 1] and seen["startup_timeout_s"] == 120.0
+    assert seen["model_as_flag"] is True
+
+
+@pytest.mark.skipif(importlib.util.find_spec("autotune.sim.serve") is None,
+                    reason="the simulator's HTTP server (autotune.sim.serve) is not there yet")
+def test_prescreen_sim_then_measure_on_the_simulator_as_vllm(tmp_path: Path) -> None:
+    """The full path: a study in virtual time, its top config enqueued at its predicted
+    ceiling, then measured over HTTP; prediction and measurement side by side."""
+    space = tmp_path / "small.yaml"
+    space.write_text(
+        "name: small\nattention_heads: 32\n"
+        "fixed: {max_model_len: 4096}\n"
+        "parameters:\n"
+        "  max_num_seqs: {type: categorical, choices: [8, 32]}\n"
+        "  request_rate: {type: float, low: 5.0, high: 40.0, step: 0.5}\n"
+        "baseline: {max_num_seqs: 32, request_rate: 5.0}\n")
+    cmd = f"{sys.executable} -m autotune.sim.serve --profile 1xa100-80gb --startup-delay-s 0.2"
+    code, out, err = search(tmp_path, "--slo-p99", "10s", "--space", str(space),
+                            "--backend", "vllm", "--model", "llama-3-8b", "--vllm-cmd", cmd,
+                            "--profile", "1xa100-80gb:llama-3-8b", "--prescreen", "sim",
+                            "--prescreen-trials", "6", "--top-k", "1", "--num-prompts", "20",
+                            "--warmup", "4", "--n-trials", "2", "--refine-top", "0",
+                            "--study-name", "pre")
+    assert code == 0, err + out
+    assert "pre-screen: " in out
+    rec = json.loads((tmp_path / "studies" / "pre" / "recommendation.json").read_text())
+    rows = rec["predictions"]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["predicted"]["source"].startswith("simulated")
+    assert row["measured"]["source"].startswith("measured")
+    assert row["predicted"]["ceiling_rate"] is not None
+    # Measured at the (snapped) predicted ceiling.
+    assert row["measured"]["rate"] <= row["predicted"]["ceiling_rate"] + 1e-9
+    assert row["measured"]["rate"] >= row["predicted"]["ceiling_rate"] - 0.5
+    study = optuna.load_study(study_name="pre",
+                              storage=f"sqlite:///{tmp_path / 'studies' / 'pre.db'}")
+    seeded = study.trials[row["trial"]]
+    assert seeded.user_attrs["predicted"]["prescreen_trial"] is not None
+    assert seeded.user_attrs["result"]["mode"] == "real"
+    pre = optuna.load_study(study_name="pre-prescreen",
+                            storage=f"sqlite:///{tmp_path / 'studies' / 'pre.db'}")
+    assert all(t.user_attrs["result"]["mode"] == "virtual" for t in pre.trials
+               if t.user_attrs.get("result", {}).get("launched"))

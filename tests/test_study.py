@@ -275,3 +275,85 @@ def test_ceiling_probe_reuses_the_runner() -> None:
     assert high.pruned and high.prune_reason in ("certain_violation", "unbounded_backlog")
     assert 0 < low.gpu_util <= 1 and low.server_s > 0
     assert sim.restarts == 1  # same flags: the simulated server was reused
+
+
+def test_refine_ceilings_writes_what_the_report_reads(tmp_path: Path) -> None:
+    from autotune.report.data import read_ceilings
+    from autotune.study import refine_ceilings, rows_from_study, top_configs
+
+    s = _settings(tmp_path, n_trials=8, name="ref")
+    backend = Recording()
+    plan = _plan(300)
+    run = run_study(s, backend, plan)
+    tops = top_configs(run.rows, top_k=2)
+    assert tops and len({repr(sorted(r.flags.items())) for r in tops}) == len(tops)
+    backend.prepared.clear()
+    restarts = backend.restarts
+    seen: list[Any] = []
+    ceilings = refine_ceilings(rows_from_study(run.study, s.space), backend, plan, top_k=2,
+                               max_probes=4, out_dir=s.out_dir, on_ceiling=seen.append)
+    assert [c.trial for c in ceilings] == [r.number for r in tops] == [c.trial for c in seen]
+    for c, row in zip(ceilings, tops, strict=True):
+        assert c.start_rate == row.rate
+        assert c.result.probes[0].rate == pytest.approx(row.rate)  # starts at the trial's rate
+        assert c.result.probes[0].verdict in ("pass", "uncertain")  # the trial was feasible
+        assert "request_rate" not in c.config
+        assert c.path == s.out_dir / f"ceiling-trial-{c.trial}.json"
+        assert c.result.search_probes <= 4
+    # One server start per config, reused across its probes.
+    assert len({repr(sorted(f.items())) for f in backend.prepared}) == len(ceilings)
+    assert len(backend.prepared) > len(ceilings)  # several probes per config...
+    assert len(ceilings) - 1 <= backend.restarts - restarts <= len(ceilings)  # ...one start
+    found = read_ceilings(s.out_dir)
+    assert sorted(f["trial"] for f in found) == sorted(c.trial for c in ceilings)
+    for f in found:
+        assert f["config"] and f["probes"] and f["source"].startswith("simulated")
+        assert f["answer"].startswith("simulated: ")
+
+
+def _view(number: int, value: float, rate: float, seqs: int) -> Any:
+    from autotune.recommend import TrialView
+
+    return TrialView(number=number, flags={"max_num_seqs": seqs}, rate=rate,
+                     status="complete", feasible=True, value=value, goodput_tokens=value,
+                     goodput_requests=rate, output_throughput=value, p99_e2e_s=5.0,
+                     attainment=1.0, gpu_util_pct=None, gpus=1)
+
+
+def _ceiling(trial: int, top: float, goodput: float) -> dict[str, Any]:
+    probe = {"rate": top, "verdict": "pass", "num_prompts": 300,
+             "summary": {"goodput_tokens": goodput, "goodput_requests": top,
+                         "e2e": {"p99": 9.0}, "attainment": 0.995}}
+    fail = {"rate": top * 1.1, "verdict": "fail", "num_prompts": 300, "summary": {}}
+    return {"trial": trial, "config": {"max_num_seqs": trial}, "feasible": True,
+            "feasible_max": top, "infeasible_min": top * 1.1, "answer": f"sustains {top}",
+            "probes": [probe, fail], "source": "simulated (virtual time)"}
+
+
+def test_apply_ceilings_ranks_on_refined_ceilings() -> None:
+    from autotune.recommend import apply_ceilings
+
+    # Trial 1 looked best at the rate it tried; trial 2's config has the higher ceiling.
+    views = [_view(1, 1000.0, 10.0, 64), _view(2, 900.0, 9.0, 128), _view(3, 500.0, 5.0, 32)]
+    rec = recommend(views, slo=str(SLO), headroom=0.2)
+    assert rec.best.trial == 1
+    rec = apply_ceilings(rec, views, [_ceiling(1, 11.0, 1100.0), _ceiling(2, 16.0, 1500.0)])
+    assert rec.best.trial == 2 and rec.best.flags == {"max_num_seqs": 128}
+    assert rec.best.max_feasible_rate == 16.0 and rec.best.rate == 16.0
+    assert rec.best.goodput_tokens == 1500.0 and rec.best.p99_e2e_s == 9.0
+    assert rec.rate_cap == pytest.approx(16.0 * 0.8)
+    assert rec.best.ceiling["answer"] == "sustains 16.0"
+    assert [p.trial for p in rec.next_best][:2] == [1, 3]  # refined first, then the rest
+    assert [c["trial"] for c in rec.ceilings] == [1, 2]
+    assert rec.to_dict()["best"]["ceiling"]["feasible_max"] == 16.0
+
+
+def test_apply_ceilings_without_a_feasible_ceiling_keeps_the_trials() -> None:
+    from autotune.recommend import apply_ceilings
+
+    views = [_view(1, 1000.0, 10.0, 64)]
+    rec = recommend(views, slo=str(SLO))
+    bad = {**_ceiling(1, 11.0, 1.0), "feasible": False, "feasible_max": None}
+    rec = apply_ceilings(rec, views, [bad])
+    assert rec.best.trial == 1 and rec.best.max_feasible_rate == 10.0
+    assert rec.rate_cap == pytest.approx(9.0)

@@ -6,6 +6,7 @@ the search space, the sampler, the profile, the workload, then the storage.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import shlex
@@ -91,6 +92,20 @@ def search(
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
     ] = None,
+    refine_top: Annotated[int, typer.Option(
+        help="After the study, run the ceiling search on this many best configs and "
+             "recommend from their ceilings (0: off).")] = 3,
+    wandb: Annotated[str | None, typer.Option(
+        "--wandb", help="Log every trial to this Weights & Biases project.")] = None,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", help="Log every trial to the MLflow tracking server at this URI.")
+    ] = None,
+    startup_timeout: Annotated[float, typer.Option(
+        help="Seconds a vLLM server may take to become ready.")] = 900.0,
+    gpu_ids: Annotated[str | None, typer.Option(
+        help="GPU ids for CUDA_VISIBLE_DEVICES of the vLLM server, e.g. 0,1.")] = None,
+    vllm_env: Annotated[list[str] | None, typer.Option(
+        help="KEY=VAL in the vLLM server's environment (repeatable).")] = None,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     with one_line_errors():
@@ -128,6 +143,30 @@ def parse_profile(text: str | None, space_profile: dict[str, Any], gpus: int | N
     if gpus is not None:
         count = gpus
     return hw, mdl, count
+
+
+def parse_gpu_ids(text: str | None) -> list[int] | None:
+    """'0,1' -> [0, 1] (CUDA_VISIBLE_DEVICES of the server)."""
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts):
+        raise UsageError(f"--gpu-ids {text!r}: give GPU numbers separated by commas, e.g. 0,1")
+    if len(set(parts)) != len(parts):
+        raise UsageError(f"--gpu-ids {text!r}: a GPU is listed twice")
+    return [int(p) for p in parts]
+
+
+def parse_env(items: list[str]) -> dict[str, str]:
+    """['KEY=VAL', ...] -> {KEY: VAL}."""
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise UsageError(f"--vllm-env {item!r}: give KEY=VALUE, e.g. "
+                             "VLLM_CPU_KVCACHE_SPACE=1")
+        env[key] = value
+    return env
 
 
 def _slug(text: str) -> str:
@@ -190,6 +229,13 @@ def _validate(o: SimpleNamespace) -> Plan:
         raise UsageError(f"--gpus must be at least 1, got {o.gpus}")
     if not 0 <= o.headroom < 1:
         raise UsageError(f"--headroom must be in [0, 1), got {o.headroom}")
+    if o.refine_top < 0:
+        raise UsageError(f"--refine-top must be 0 (off) or more, got {o.refine_top}")
+    if not o.startup_timeout > 0:
+        raise UsageError(f"--startup-timeout must be more than 0 seconds, got "
+                         f"{o.startup_timeout:g}")
+    o.gpu_id_list = parse_gpu_ids(o.gpu_ids)
+    o.env = parse_env(o.vllm_env or [])
     timeout_s, budget_s = _duration("--timeout", o.timeout), _duration("--budget", o.budget)
     hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
     heads = space.attention_heads
@@ -272,7 +318,8 @@ def _backend(o: SimpleNamespace, plan: Plan) -> Any:
     if not model:
         raise UsageError("--backend vllm needs --model (or 'model' under fixed: in the space)")
     server = VllmServer(str(model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
-                        log_dir=plan.settings.out_dir / "logs")
+                        log_dir=plan.settings.out_dir / "logs", env=o.env,
+                        startup_timeout_s=o.startup_timeout, gpus=o.gpu_id_list)
     return ServerBackend(server, name="vllm", gpus=plan.gpus)
 
 
@@ -364,6 +411,11 @@ def _search(o: SimpleNamespace) -> int:
     from autotune.study import open_storage, rate_bounds, run_study
 
     plan = _validate(o)
+    from autotune.trackers import make_trackers, optuna_callback
+
+    # A missing tracker package fails here, before anything is written or run.
+    trackers = make_trackers(wandb_project=o.wandb, mlflow_uri=o.mlflow)
+    on_trial_end = optuna_callback(trackers, plan.name) if trackers else None
     if plan.backend == "attach":
         plan.space = _attach_space(plan.space)
         plan.settings.space = plan.space
@@ -388,7 +440,7 @@ def _search(o: SimpleNamespace) -> int:
     try:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
-                            enqueue=enqueue, on_result=view.add)
+                            enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end)
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(
@@ -396,6 +448,10 @@ def _search(o: SimpleNamespace) -> int:
             objective=("output tok/s" if o.objective == "tokens" else "req/s")
             + (" per GPU" if o.per_gpu else ""),
             headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        if o.refine_top:
+            ceilings = _refine(o, plan, run, backend, load_plan, out)
+            rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
+                                         objective=o.objective, per_gpu=o.per_gpu)
         if plan.backend == "attach":
             rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
                                 "cannot see its flags; keep them and enforce the rate cap)")
@@ -403,6 +459,7 @@ def _search(o: SimpleNamespace) -> int:
         _baseline_ceiling(rec, backend, load_plan, plan)
     except rec_mod.RecommendError as exc:
         err_console.print(f"[bold red]no recommendation:[/] {exc}", soft_wrap=True)
+        _report(plan, out)  # the trials that ran are still worth a look
         return 1
     except KeyboardInterrupt:
         err_console.print("interrupted: the finished trials are saved; run the same "
@@ -410,6 +467,9 @@ def _search(o: SimpleNamespace) -> int:
         return 130
     finally:
         backend.close()
+        for t in trackers:
+            with contextlib.suppress(Exception):
+                t.close()
     if run.stale_failed:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
@@ -424,7 +484,47 @@ def _search(o: SimpleNamespace) -> int:
     md = rec_mod.to_markdown(rec)
     atomic_write(folder / "recommendation.md", md)
     _print(out, rec, folder)
+    _report(plan, out)
     return 0
+
+
+def _refine(o: SimpleNamespace, plan: Plan, run: Any, backend: Any, load_plan: Any,
+            out: Console) -> list[Any]:
+    """The ceiling search on the best configs, on the study's backend."""
+    from autotune.study import refine_ceilings
+
+    how = "simulated (virtual time)" if backend.mode == "virtual" else "measured (HTTP)"
+    # On the simulator each probe is cheap but not free: the default study must stay
+    # well under two minutes, so probes use at most 1000 measured requests there.
+    n = min(len(load_plan.requests), 1000) if backend.mode == "virtual" else None
+    out.print(f"refining the ceilings of the top {o.refine_top} configs ({how}; ceiling "
+              "search from each trial's rate, every probe a full load test, a 95% upper "
+              "bound on each limit's percentile must meet the SLO)", soft_wrap=True)
+
+    def show(c: Any) -> None:
+        out.print(f"  ceiling of trial {c.trial}: {c.result.sentence()}", soft_wrap=True,
+                  highlight=False)
+
+    return refine_ceilings(run.rows, backend, load_plan, top_k=o.refine_top,
+                           headroom=o.headroom, num_prompts=n,
+                           max_probes=8 if backend.mode == "virtual" else 6,
+                           out_dir=plan.settings.out_dir, on_ceiling=show)
+
+
+def _report(plan: Plan, out: Console) -> None:
+    """The HTML/Markdown report; a failure here must never lose the study."""
+    try:
+        from autotune.report import write_report
+
+        paths = write_report(plan.name, plan.storage, plan.settings.out_dir)
+    except Exception as exc:  # the study and recommendation are already saved
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        err_console.print(f"warning: no report written ({type(exc).__name__}: {first}); "
+                          f"the study is saved: run autotune report --study-name {plan.name}",
+                          soft_wrap=True)
+        return
+    html, md = getattr(paths, "html", None), getattr(paths, "markdown", None)
+    out.print(f"wrote report {html} and {md}", soft_wrap=True)
 
 
 def _prescreen(o: SimpleNamespace, plan: Plan, load_plan: Any, storage: Any, out: Console
@@ -552,9 +652,14 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
                       f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
         elif rec.vs_baseline.get("baseline_ceiling_note"):
             out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
+    if b.ceiling:
+        why = (f"its refined ceiling: the ceiling search's highest passing rate, "
+               f"{b.ceiling.get('total_probes')} load tests, {b.ceiling.get('source')}")
+    else:
+        why = "the highest rate at which it met the SLO"
     out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
-              f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, the highest rate "
-              "at which it met the SLO)", soft_wrap=True)
+              f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why})",
+              soft_wrap=True)
     out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
     for p in rec.next_best:
         out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
@@ -566,7 +671,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
             t.add_column(col, justify="left" if col == "overloaded" else "right")
         for row in rec.table:
             gpu = row.get("gpu_util_pct")
-            t.add_row(f"{row['rate']:g}",
+            t.add_row(f"{row['rate']:.4g}",
                       "-" if row["output_throughput"] is None
                       else f"{row['output_throughput']:,.0f}",
                       "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",

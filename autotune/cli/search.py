@@ -408,7 +408,8 @@ def _search(o: SimpleNamespace) -> int:
     from autotune import recommend as rec_mod
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    from autotune.study import open_storage, rate_bounds, run_study
+    from autotune.storage import mask_url, open_storage
+    from autotune.study import rate_bounds, run_study
 
     plan = _validate(o)
     from autotune.trackers import make_trackers, optuna_callback
@@ -427,9 +428,11 @@ def _search(o: SimpleNamespace) -> int:
         plan.settings.space = plan.space
     wl = _workload(o, plan)
     load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed)
-    storage = open_storage(plan.storage)  # the first write: everything else is checked
+    # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
+    # retries (autotune.storage), so `autotune worker`s can share the study.
+    storage = open_storage(plan.storage)
     out = console
-    out.print(f"study [bold]{plan.name}[/] ({plan.storage}); backend {plan.backend}; "
+    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
               f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source}, "
               f"{len(load_plan.requests)} measured + {load_plan.warmup} warm-up requests "
               f"per trial, tokens counted with {wl.tokenizer}", soft_wrap=True)

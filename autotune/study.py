@@ -198,6 +198,11 @@ def _retry_attrs(t: FrozenTrial) -> dict[str, Any]:
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return False  # this process is new: a RUNNING trial with our pid is stale
+    return process_running(pid)
+
+
+def process_running(pid: int) -> bool:
+    """True while ``pid`` is a live process (a zombie is not); True when unsure."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -41,7 +41,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
 from autotune.storage import heartbeat_enabled, mask_url, open_storage
-from autotune.study import StudyError, StudySettings, validate_name
+from autotune.study import StudyError, StudySettings, process_running, validate_name
 
 SPEC_ATTR = "autotune:spec"
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # what --n-trials counts
@@ -627,27 +627,13 @@ def _fail_stale(study: optuna.Study) -> None:
         pid = t.system_attrs.get("autotune:pid")
         if t.system_attrs.get("autotune:host") != host or not isinstance(pid, int):
             continue
-        if pid == os.getpid() or _alive(pid):
+        if pid == os.getpid() or process_running(pid):
             continue
         try:
             if study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
                 requeue(study, study._storage.get_trial(t._trial_id))
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker on this host got there first
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state not in ("Z", "X")
 
 
 def _requeue_number(study: optuna.Study, number: int | None, *, only_failed: bool = False

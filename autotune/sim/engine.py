@@ -184,13 +184,7 @@ class _Run:
                  window_s: float) -> None:
         self.setup = setup
         self.cost = CostModel.for_setup(setup)
-        self.sched = Scheduler(
-            max_num_seqs=setup.max_num_seqs,
-            max_num_batched_tokens=setup.max_num_batched_tokens,
-            num_blocks=setup.num_gpu_blocks,
-            block_size=setup.block_size,
-            enable_chunked_prefill=setup.enable_chunked_prefill,
-        )
+        self.sched = Scheduler.for_setup(setup)
         self.requests = requests
         self.arrivals = arrivals
         self.order = np.argsort(arrivals, kind="stable")

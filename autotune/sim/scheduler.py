@@ -27,8 +27,12 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from autotune.sim.config import EngineSetup
 
 WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
 
@@ -76,6 +80,14 @@ def _cdiv(a: int, b: int) -> int:
 
 
 class Scheduler:
+    @classmethod
+    def for_setup(cls, setup: EngineSetup) -> Scheduler:
+        """The scheduler of a resolved engine config (virtual time and the server alike)."""
+        return cls(max_num_seqs=setup.max_num_seqs,
+                   max_num_batched_tokens=setup.max_num_batched_tokens,
+                   num_blocks=setup.num_gpu_blocks, block_size=setup.block_size,
+                   enable_chunked_prefill=setup.enable_chunked_prefill)
+
     def __init__(
         self,
         *,

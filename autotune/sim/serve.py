@@ -85,13 +85,7 @@ class RealtimeEngine:
     def __init__(self, setup: EngineSetup, *, crash_after: int | None = None) -> None:
         self.setup = setup
         self.cost = CostModel.for_setup(setup)
-        self.sched = Scheduler(
-            max_num_seqs=setup.max_num_seqs,
-            max_num_batched_tokens=setup.max_num_batched_tokens,
-            num_blocks=setup.num_gpu_blocks,
-            block_size=setup.block_size,
-            enable_chunked_prefill=setup.enable_chunked_prefill,
-        )
+        self.sched = Scheduler.for_setup(setup)
         self.crash_after = crash_after
         self.queues: dict[int, asyncio.Queue[str]] = {}
         self.seqs: dict[int, Seq] = {}

@@ -18,12 +18,14 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
 from autotune.arrivals import PROCESSES, arrival_offsets
 from autotune.records import RequestRecord, WindowCallback
+from autotune.sse import StreamReader
+from autotune.transport import BodySink, ConnectError, HttpClient, TransportError
 from autotune.workload import Request
 
 # httpcore tries ``import sniffio`` on every request; when it is not installed, each
@@ -33,6 +35,7 @@ if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 ENDPOINTS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+TRANSPORTS: tuple[str, ...] = ("native", "aiohttp", "httpx")
 ProgressCallback = Callable[[int, int], None]  # (measured requests done, measured total)
 
 # asyncio timers fire up to ~1 ms late (epoll rounds its timeout up to whole ms), so
@@ -63,7 +66,10 @@ class LoadTestConfig:
     ignore_eos: bool = True
     extra_body: dict[str, Any] = field(default_factory=dict)
     spin_s: float = DEFAULT_SPIN_S
-    transport: str = "aiohttp"  # "aiohttp" (httpx-aiohttp) or "httpx" (httpx's own)
+    # "native": autotune.transport (the fastest, chosen by benchmarks/tool_comparison.py);
+    # "aiohttp": httpx's API on aiohttp (httpx-aiohttp); "httpx": httpx's own transport,
+    # for what the native client leaves out on purpose (proxies, HTTP/2).
+    transport: str = "native"
 
     def __post_init__(self) -> None:
         self.url = normalize_url(self.url)
@@ -86,8 +92,9 @@ class LoadTestConfig:
             raise LoadGenError(f"request timeout must be > 0 s, got {self.request_timeout_s}")
         if not self.window_s > 0:
             raise LoadGenError(f"window must be > 0 s, got {self.window_s}")
-        if self.transport not in ("aiohttp", "httpx"):
-            raise LoadGenError(f"unknown transport {self.transport!r}; use aiohttp or httpx")
+        if self.transport not in TRANSPORTS:
+            raise LoadGenError(f"unknown transport {self.transport!r}; use one of "
+                               f"{', '.join(TRANSPORTS)}")
         if self.spin_s < 0:
             raise LoadGenError(f"spin_s must be >= 0, got {self.spin_s}")
 
@@ -113,8 +120,10 @@ class LoadTestConfig:
 class LoadTestResult:
     """Every record (warm-up ones flagged) and how the run went."""
 
-    records: list[RequestRecord]
-    offered_rate: float
+    # Not in repr: asyncio formats the finished task's result once, and thousands of
+    # records made that a visible share of a load test's CPU.
+    records: list[RequestRecord] = field(repr=False)
+    offered_rate: float = math.inf
     aborted: bool = False
     abort_reason: str | None = None
     num_warmup: int = 0
@@ -144,17 +153,17 @@ def _auth(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
-def _models_from(url: str, response: httpx.Response) -> list[str]:
-    if response.status_code in (401, 403):
+def _models_from(url: str, status: int, body: bytes) -> list[str]:
+    if status in (401, 403):
         raise LoadGenError(
-            f"server at {url} refused the API key (HTTP {response.status_code}); "
+            f"server at {url} refused the API key (HTTP {status}); "
             "pass --api-key or set OPENAI_API_KEY")
-    if response.status_code != 200:
+    if status != 200:
         raise LoadGenError(
-            f"server at {url} answered HTTP {response.status_code} to GET /v1/models; "
+            f"server at {url} answered HTTP {status} to GET /v1/models; "
             "is it an OpenAI-compatible server?")
     try:
-        data = response.json()["data"]
+        data = json.loads(body)["data"]
         models = [str(m["id"]) for m in data]
     except (ValueError, KeyError, TypeError) as exc:
         raise LoadGenError(
@@ -172,7 +181,7 @@ def _timed_out(exc: BaseException) -> bool:
     return cause is None or isinstance(cause, TimeoutError) or "Timeout" in type(cause).__name__
 
 
-def _unreachable(url: str, exc: httpx.HTTPError) -> LoadGenError:
+def _unreachable(url: str, exc: Exception) -> LoadGenError:
     text = str(exc) or type(exc).__name__
     if _timed_out(exc):
         return LoadGenError(f"server at {url} did not answer GET /v1/models in time ({text})")
@@ -187,7 +196,7 @@ def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) 
         response = httpx.get(f"{base}/v1/models", headers=_auth(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise _unreachable(base, exc) from None
-    return _models_from(base, response)
+    return _models_from(base, response.status_code, response.content)
 
 
 def fetch_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
@@ -212,23 +221,15 @@ def _payload(config: LoadTestConfig, model: str, request: Request) -> bytes:
     return json.dumps(body).encode()
 
 
-def _chunk_text(obj: dict[str, Any]) -> str | None:
-    choices = obj.get("choices")
-    if not choices:
-        return None
-    choice = choices[0]
-    text = choice.get("text")
-    if text is None:
-        delta = choice.get("delta") or {}
-        text = delta.get("content") or delta.get("reasoning_content")
-    return text
-
-
 def _describe(exc: BaseException) -> str:
     """``kind: detail`` for a failed request (metrics group failures by kind)."""
     text = str(exc) or type(exc).__name__
     if _timed_out(exc):
         return f"timeout: {type(exc).__name__}: {text}"
+    if isinstance(exc, ConnectError):
+        return f"connection: connect failed: {text}"
+    if isinstance(exc, TransportError):
+        return f"connection: {text}"
     if isinstance(exc, httpx.TimeoutException):  # a connection error under aiohttp
         cause = exc.__cause__
         detail = str(cause) or type(cause).__name__
@@ -251,13 +252,11 @@ def _describe(exc: BaseException) -> str:
 class _Run:
     """State of one load test on one event loop."""
 
-    def __init__(self, config: LoadTestConfig, model: str, client: httpx.AsyncClient,
+    def __init__(self, config: LoadTestConfig, model: str, client: _Client,
                  on_window: WindowCallback | None, on_progress: ProgressCallback | None,
                  num_measured: int) -> None:
         self.config = config
         self.client = client
-        self.path = ENDPOINTS[config.endpoint]
-        self.headers = {"content-type": "application/json"}
         self.gate = (asyncio.Semaphore(config.max_concurrency)
                      if config.max_concurrency else None)
         self.on_window = on_window
@@ -275,7 +274,7 @@ class _Run:
         self.abort_reason: str | None = None
         self.callback_error: BaseException | None = None
 
-    async def dispatch(self, start: float, offsets: Sequence[float], payloads: list[bytes],
+    async def dispatch(self, start: float, offsets: Sequence[float], payloads: list[Any],
                        expected: list[int], n_warm: int) -> None:
         loop = asyncio.get_running_loop()
         clock = time.perf_counter
@@ -302,7 +301,7 @@ class _Run:
         if self.pending == 0:
             self.finished.set()
 
-    async def send(self, record: RequestRecord, payload: bytes) -> None:
+    async def send(self, record: RequestRecord, payload: Any) -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         timer: asyncio.TimerHandle | None = None
@@ -353,61 +352,16 @@ class _Run:
         if self.dispatch_done and self.pending == 0:
             self.finished.set()
 
-    async def stream(self, record: RequestRecord, payload: bytes) -> None:
-        clock = time.perf_counter
-        async with self.client.stream("POST", self.path, content=payload,
-                                      headers=self.headers) as response:
-            record.status = response.status_code
-            if response.status_code != 200:
-                body = (await response.aread())[:300].decode("utf-8", "replace")
-                record.end_s = clock()
-                record.error = f"http {response.status_code}: {' '.join(body.split())}"
-                return
-            chunk_times = record.chunk_times_s
-            usage: dict[str, Any] | None = None
-            got_done = False
-            server_error: str | None = None
-            tail = b""
-            async for data in response.aiter_bytes():
-                now = clock()
-                if b"\n" not in data:
-                    tail += data
-                    continue
-                lines = (tail + data).split(b"\n")
-                tail = lines.pop()
-                for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue  # blank separators, comments, event: lines
-                    body = line[5:].strip()
-                    if body == b"[DONE]":
-                        got_done = True
-                        record.end_s = now
-                        continue
-                    obj = json.loads(body)
-                    if "error" in obj and not obj.get("choices"):
-                        err = obj["error"]
-                        server_error = err.get("message") if isinstance(err, dict) else err
-                        continue
-                    if _chunk_text(obj):
-                        chunk_times.append(now)
-                    if obj.get("usage"):
-                        usage = obj["usage"]
-                record.end_s = now
-        if chunk_times:
-            record.first_token_s = chunk_times[0]
-        if usage is not None:
-            record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            record.output_tokens = int(usage.get("completion_tokens") or 0)
-        if server_error is not None:
-            record.error = f"server error: {server_error}"
-        elif not got_done:
-            record.error = "incomplete: stream ended without data: [DONE]"
-        elif usage is None:
-            record.error = ("incomplete: no usage chunk (does the server honour "
-                            "stream_options.include_usage?)")
-        elif self.config.ignore_eos and record.output_tokens < record.expected_output_tokens:
-            record.error = (f"truncated: {record.output_tokens} of "
-                            f"{record.expected_output_tokens} output tokens")
+    async def stream(self, record: RequestRecord, payload: Any) -> None:
+        reader = StreamReader(record)
+        status, body = await self.client.post_stream(payload, reader.feed)
+        record.status = status
+        if status != 200:
+            record.end_s = time.perf_counter()
+            text = body[:300].decode("utf-8", "replace")
+            record.error = f"http {status}: {' '.join(text.split())}"
+            return
+        reader.finish(ignore_eos=self.config.ignore_eos)
 
     async def watch(self) -> None:
         assert self.on_window is not None
@@ -440,23 +394,87 @@ def _raise_fd_limit(wanted: int) -> None:
         pass
 
 
-def _client(config: LoadTestConfig, total: int) -> httpx.AsyncClient:
-    # The pool must never be a hidden concurrency cap: as many connections as requests
-    # can be in flight, all kept alive.  aiohttp's transport under httpx's API: it cost
-    # about a third of the CPU per request of httpx's own transport and sustained 2.6x
-    # the rate on one core (benchmarks/tool_comparison.py), so the client is not the
-    # bottleneck; httpx's transport stays as the fallback where aiohttp is missing.
-    cap = config.max_concurrency
-    limits = httpx.Limits(max_connections=cap or max(total, 1000),
-                          max_keepalive_connections=cap or total, keepalive_expiry=60.0)
-    kwargs: dict[str, Any] = dict(base_url=config.url, limits=limits,
-                                  headers=_auth(config.api_key),
-                                  timeout=httpx.Timeout(config.request_timeout_s))
-    if config.transport == "aiohttp" and importlib.util.find_spec("httpx_aiohttp"):
-        from httpx_aiohttp import HttpxAiohttpClient
+class _Client(Protocol):
+    """What a load test needs of an HTTP client, whichever library carries the bytes."""
 
-        return HttpxAiohttpClient(**kwargs)
-    return httpx.AsyncClient(**kwargs)
+    def prepare(self, payload: bytes) -> Any:
+        """A request body, made ready to send (as often as needed)."""
+
+    async def get(self, path: str) -> tuple[int, bytes]: ...
+
+    async def post_stream(self, prepared: Any, sink: BodySink) -> tuple[int, bytes]:
+        """POST; a 200 body goes to ``sink`` as it arrives; else (status, body)."""
+
+    async def aclose(self) -> None: ...
+
+
+class _NativeClient:
+    def __init__(self, config: LoadTestConfig) -> None:
+        self.http = HttpClient(config.url, headers=_auth(config.api_key),
+                               connect_timeout_s=min(config.request_timeout_s, 30.0))
+        self.path = ENDPOINTS[config.endpoint]
+
+    def prepare(self, payload: bytes) -> bytes:
+        return self.http.build("POST", self.path, payload)
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        reply = await self.http.request("GET", path)
+        return reply.status, reply.body
+
+    async def post_stream(self, prepared: bytes, sink: BodySink) -> tuple[int, bytes]:
+        reply = await self.http.send(prepared, sink)
+        return reply.status, reply.body
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+
+class _HttpxClient:
+    """httpx's API on its own transport or on aiohttp's (httpx-aiohttp)."""
+
+    def __init__(self, config: LoadTestConfig, total: int) -> None:
+        # The pool must never be a hidden concurrency cap: as many connections as
+        # requests can be in flight, all kept alive.
+        cap = config.max_concurrency
+        limits = httpx.Limits(max_connections=cap or max(total, 1000),
+                              max_keepalive_connections=cap or total, keepalive_expiry=60.0)
+        kwargs: dict[str, Any] = dict(base_url=config.url, limits=limits,
+                                      headers=_auth(config.api_key),
+                                      timeout=httpx.Timeout(config.request_timeout_s))
+        if config.transport == "aiohttp" and importlib.util.find_spec("httpx_aiohttp"):
+            from httpx_aiohttp import HttpxAiohttpClient
+
+            self.client: httpx.AsyncClient = HttpxAiohttpClient(**kwargs)
+        else:
+            self.client = httpx.AsyncClient(**kwargs)
+        self.path = ENDPOINTS[config.endpoint]
+        self.headers = {"content-type": "application/json"}
+
+    def prepare(self, payload: bytes) -> bytes:
+        return payload
+
+    async def get(self, path: str) -> tuple[int, bytes]:
+        response = await self.client.get(path)
+        return response.status_code, response.content
+
+    async def post_stream(self, prepared: bytes, sink: BodySink) -> tuple[int, bytes]:
+        clock = time.perf_counter
+        async with self.client.stream("POST", self.path, content=prepared,
+                                      headers=self.headers) as response:
+            if response.status_code != 200:
+                return response.status_code, await response.aread()
+            async for data in response.aiter_bytes():
+                sink(clock(), data)
+        return 200, b""
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _client(config: LoadTestConfig, total: int) -> _Client:
+    if config.transport == "native":
+        return _NativeClient(config)
+    return _HttpxClient(config, total)
 
 
 async def run_load_test(
@@ -482,18 +500,19 @@ async def run_load_test(
     offsets = arrival_offsets(len(plan), config.rate, process=config.process,  # type: ignore[arg-type]
                               burstiness=config.burstiness, seed=config.seed).tolist()
     _raise_fd_limit(min(len(plan), 1 << 16) + 256)
-    async with _client(config, len(plan)) as client:
+    client = _client(config, len(plan))
+    try:
         model = config.model
         if model is None:
             try:
-                response = await client.get("/v1/models")
-            except httpx.HTTPError as exc:
+                status, body = await client.get("/v1/models")
+            except (httpx.HTTPError, TransportError) as exc:
                 raise _unreachable(config.url, exc) from None
-            models = _models_from(config.url, response)
+            models = _models_from(config.url, status, body)
             if not models:
                 raise LoadGenError(f"server at {config.url} serves no model")
             model = models[0]
-        payloads = [_payload(config, model, r) for r in plan]
+        payloads = [client.prepare(_payload(config, model, r)) for r in plan]
         expected = [r.output_tokens for r in plan]
         run = _Run(config, model, client, on_window, on_progress, len(requests))
         start = time.perf_counter() + 0.002  # let the dispatcher task get going
@@ -522,6 +541,8 @@ async def run_load_test(
                 await asyncio.gather(*run.tasks, return_exceptions=True)
         if run.callback_error is not None:
             raise run.callback_error
+    finally:
+        await client.aclose()
     return LoadTestResult(
         records=run.records, offered_rate=config.rate,
         aborted=run.abort_reason is not None, abort_reason=run.abort_reason,

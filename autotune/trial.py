@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.arrivals import arrival_offsets
 from autotune.metrics import Summary, summarize
@@ -32,6 +32,9 @@ from autotune.pruning import OverloadPruner, PruneDecision, Window, window_evide
 from autotune.records import RequestRecord
 from autotune.slo import SLO, SLOCheck
 from autotune.workload import Request
+
+if TYPE_CHECKING:
+    from autotune.sim.profiles import HardwareProfile, ModelProfile
 
 COMPLETE, PRUNED, INFEASIBLE = "complete", "pruned", "infeasible"
 
@@ -369,15 +372,20 @@ class SimBackend(Backend):
     mode = "virtual"
     source = "simulated (virtual time)"
 
-    def __init__(self, hardware: str, model: str, *, startup_s: float = 0.0) -> None:
+    def __init__(self, hardware: str | HardwareProfile, model: str | ModelProfile, *,
+                 startup_s: float = 0.0) -> None:
+        """``hardware`` and ``model``: profile names (``"4xa100-80gb"``), or profile
+        objects, e.g. a shipped profile with changed efficiency factors."""
         super().__init__()
         from autotune.sim import config as sim_config
         from autotune.sim import engine, profiles
 
         self._cfg, self._engine = sim_config, engine
-        self.hardware = profiles.load_hardware(hardware)
-        self.model = profiles.load_model(model)
-        self.hardware_name, self.model_name = hardware, model
+        self.hardware = (profiles.load_hardware(hardware) if isinstance(hardware, str)
+                         else hardware)
+        self.model = profiles.load_model(model) if isinstance(model, str) else model
+        self.hardware_name = hardware if isinstance(hardware, str) else hardware.label
+        self.model_name = model if isinstance(model, str) else model.name
         self.startup_s = startup_s  # virtual seconds charged per (re)start
         self._config: Any = None
         self._flags: dict[str, Any] | None = None

@@ -11,9 +11,10 @@ The keys follow ``vllm/benchmarks/serve.py``: ``date`` (``%Y%m%d-%H%M%S``),
 ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``,
 ``request_goodput``, ``output_throughput``, ``total_token_throughput``,
 ``mean/median/std/pNN_{ttft,tpot,itl,e2el}_ms`` and, in detailed files,
-``input_lens``, ``output_lens``, ``ttfts``, ``itls`` (seconds), ``generated_texts``,
-``errors``.  What differs: warm-up requests are left out (vLLM's warm-ups repeat one
-prompt and are never in its lists either), and ``duration`` is our measured window.
+``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``latencies``, ``start_times``
+(seconds), ``generated_texts``, ``errors``.  What differs: warm-up requests are left
+out (vLLM's warm-ups repeat one prompt and are never in its lists either), and
+``duration`` is our measured window.
 """
 
 from __future__ import annotations
@@ -129,6 +130,8 @@ def write_vllm_result(
         "output_lens": [r.output_tokens if r.ok else 0 for r in measured],
         "ttfts": [(r.ttft_s or 0.0) if r.ok else 0.0 for r in measured],
         "itls": [r.itls_s if r.ok else [] for r in measured],
+        "latencies": [(r.e2e_s or 0.0) if r.ok else 0.0 for r in measured],
+        "start_times": [r.sent_s if r.sent_s is not None else 0.0 for r in measured],
         # We keep token timings, not text: the texts are empty strings.
         "generated_texts": ["" for _ in measured],
         "errors": ["" if r.ok else (r.error or "unfinished") for r in measured],
@@ -218,6 +221,42 @@ def _per_request_e2e(obj: Mapping[str, Any]) -> list[float] | None:
     errs = errors if isinstance(errors, list) and len(errors) == len(ttfts) else [""] * len(ttfts)
     return [float(t) + float(sum(g)) for t, g, e in zip(ttfts, itls, errs, strict=True)
             if not e]
+
+
+def records_from_vllm_result(obj: Mapping[str, Any]) -> list[RequestRecord]:
+    """The requests of a detailed result (``--save-detailed``) as our records, so that
+    ``metrics.summarize`` can be run on exactly the data vLLM summarised.
+
+    A request's chunk times are its send time plus TTFT plus the running sum of its
+    ITLs (vLLM stamps every chunk that carries ``choices``); its end is send time plus
+    latency.  Without ``start_times`` (older vLLM) requests start at 0, which leaves
+    every latency right and only the throughput window unknown.
+    """
+    need = ("ttfts", "itls", "output_lens")
+    missing = [k for k in need if not isinstance(obj.get(k), list)]
+    if missing:
+        raise VllmResultError(f"not a detailed result (run vllm bench serve with "
+                              f"--save-detailed): no {', '.join(missing)}")
+    n = len(obj["ttfts"])
+    starts = obj.get("start_times") if isinstance(obj.get("start_times"), list) else [0.0] * n
+    latencies = obj.get("latencies") if isinstance(obj.get("latencies"), list) else None
+    errors = obj.get("errors") if isinstance(obj.get("errors"), list) else [""] * n
+    inputs = obj.get("input_lens") if isinstance(obj.get("input_lens"), list) else [0] * n
+    if any(len(v) != n for v in (obj["itls"], obj["output_lens"], starts, errors, inputs)):
+        raise VllmResultError("detailed result lists have different lengths")
+    records = []
+    for i in range(n):
+        start, ttft, gaps = float(starts[i]), float(obj["ttfts"][i] or 0.0), obj["itls"][i]
+        times = list(start + ttft + np.cumsum([0.0, *map(float, gaps or [])]))
+        end = start + float(latencies[i]) if latencies is not None else times[-1]
+        records.append(RequestRecord(
+            index=i, scheduled_s=start, dispatched_s=start, sent_s=start,
+            first_token_s=times[0] if not errors[i] else None,
+            chunk_times_s=times if not errors[i] else [], end_s=end,
+            prompt_tokens=int(inputs[i] or 0), output_tokens=int(obj["output_lens"][i] or 0),
+            expected_output_tokens=int(obj["output_lens"][i] or 0),
+            status=200 if not errors[i] else None, error=str(errors[i]) or None))
+    return records
 
 
 def vllm_result_row(obj: Mapping[str, Any], *, name: str = "") -> dict[str, Any]:

@@ -6,7 +6,9 @@
     python -m benchmarks --reuse            # keep JSON already in --json-dir, run the rest
 
 Each benchmark runs as its own process (the exact command is written into the page),
-its JSON is kept next to the page under ``benchmarks/results/`` (``--json-dir``).
+its JSON is kept next to the page under ``benchmarks/results/`` (``--json-dir``).  A
+full (not ``--smoke``) run also rewrites the headline block of README.md from the page,
+so the README never quotes a figure by hand.
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autotune.files import atomic_write
 from benchmarks.results import BenchRun, parse_json_output, render
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+HEADLINE = "**Headline (same run):"
+README_START = "<!-- benchmark-headlines:start -->"
+README_END = "<!-- benchmark-headlines:end -->"
+WALLS = "walls.json"
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,7 @@ class Bench:
     script: str
     json_via: str  # "output" (--output FILE) | "stdout" (prints JSON) | "text"
     smoke_flag: bool = True
+    full_args: tuple[str, ...] = ()  # only on full runs (a smoke run must not write these)
 
 
 BENCHMARKS = [
@@ -43,9 +51,15 @@ BENCHMARKS = [
           "loadgen_capacity.py", "output"),
     Bench("ceiling_probes", "3. Ceiling probes vs 1 req/s step-down", "ceiling_probes.py",
           "output"),
-    Bench("pruning_savings", "2. Pruning savings", "pruning_savings.py", "stdout"),
     Bench("sim_speed", "6. Simulator speed", "sim_speed.py", "stdout"),
-    Bench("search_efficiency", "1. Search efficiency", "search_efficiency.py", "output"),
+    Bench("search_efficiency", "1-2. Search efficiency and pruning on the same studies",
+          "search_efficiency.py", "output"),
+    # One engine thread: the load generator needs the other core (the fit is better so);
+    # the full run re-calibrates the shipped cpu-tiny profile it validates.
+    Bench("sim_fidelity", "6. Simulator fidelity against real vLLM on this CPU",
+          "sim_fidelity.py", "output",
+          full_args=("--server-env", "OMP_NUM_THREADS=1",
+                     "--write-profile", "autotune/sim/profiles/hardware.cpu-tiny.yaml")),
     Bench("workload_load", "Workload build time", "workload_load.py", "text",
           smoke_flag=False),
 ]
@@ -55,6 +69,8 @@ def command_for(b: Bench, smoke: bool, json_path: Path) -> list[str]:
     cmd = ["python", f"benchmarks/{b.script}"]
     if smoke and b.smoke_flag:
         cmd.append("--smoke")
+    if not smoke:
+        cmd += b.full_args
     if b.json_via == "output":
         cmd += ["--output", str(json_path.relative_to(ROOT))
                 if json_path.is_relative_to(ROOT) else str(json_path)]
@@ -93,10 +109,50 @@ def reused(b: Bench, smoke: bool, json_dir: Path) -> BenchRun:
     path = json_dir / f"{b.name}.json"
     data = json.loads(path.read_text())
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
-    run = BenchRun(b.name, b.title, command_for(b, smoke, path),
-                   float(data.get("total_wall_s", float("nan"))), 0, data)
+    wall = data.get("total_wall_s", _walls(json_dir).get(b.name, float("nan")))
+    run = BenchRun(b.name, b.title, command_for(b, smoke, path), float(wall), 0, data)
     run.notes.append(f"figures reused from {path.name}, written {when} by the command above")
     return run
+
+
+def _walls(json_dir: Path) -> dict[str, float]:
+    """Each benchmark's wall seconds in the run that wrote its JSON (for --reuse)."""
+    path = json_dir / WALLS
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _record_wall(json_dir: Path, run: BenchRun) -> None:
+    if run.returncode == 0 and (json_dir / f"{run.name}.json").exists():
+        atomic_write(json_dir / WALLS, json.dumps(
+            {**_walls(json_dir), run.name: run.wall_s}, indent=2, sort_keys=True))
+
+
+def headlines(page: str) -> list[str]:
+    """Each benchmark's headline lines of a RESULTS.md page, under its section title."""
+    out, title = [], ""
+    for line in page.splitlines():
+        if line.startswith("## "):
+            title = line[3:].strip()
+        elif line.startswith(HEADLINE):
+            text = line[len(HEADLINE):].replace("**", "").strip()
+            out.append(f"- {title}: {text}")
+    return out
+
+
+def update_readme(readme: Path, page: str, stamp: str) -> bool:
+    """Replace the README's headline block with the page's; False without the markers."""
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    block = [README_START, f"Quoted by `python -m benchmarks` from benchmarks/RESULTS.md "
+             f"({stamp}); each figure is a ratio measured within one run:", "",
+             *headlines(page), README_END]
+    new = text[:start] + "\n".join(block) + text[end + len(README_END):]
+    tmp = readme.with_suffix(".md.tmp")
+    tmp.write_text(new, encoding="utf-8")
+    tmp.replace(readme)
+    return True
 
 
 def _text(b: bytes | str | None) -> str:
@@ -117,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", action="append", default=[],
                    help="a line for the page's header (e.g. what else ran on the machine)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per benchmark")
+    p.add_argument("--readme", type=Path, default=ROOT / "README.md",
+                   help="README whose headline block a full run rewrites")
+    p.add_argument("--no-readme", action="store_true", help="leave the README alone")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     known = {b.name for b in BENCHMARKS}
@@ -136,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {b.name} ...", file=sys.stderr, flush=True)
         runs.append(run_one(b, args.smoke, args.json_dir, args.timeout_s))
+        _record_wall(args.json_dir, runs[-1])
         print(f"  {b.name}: exit {runs[-1].returncode}, {runs[-1].wall_s:.0f} s",
               file=sys.stderr, flush=True)
     command = "python -m benchmarks" + (" --smoke" if args.smoke else "") + (
@@ -149,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp.write_text(page)
     tmp.replace(args.results)
     print(f"wrote {args.results}", file=sys.stderr)
+    if not args.smoke and not args.no_readme and args.readme.exists():
+        stamp = time.strftime("%Y-%m-%d", time.gmtime()) + f", `{command}`"
+        if update_readme(args.readme, page, stamp):
+            print(f"updated the headline block of {args.readme}", file=sys.stderr)
     return 0 if all(r.returncode == 0 for r in runs) else 1
 
 

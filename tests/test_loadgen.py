@@ -53,11 +53,22 @@ def _free_port() -> int:
 # -- what the client measured is what the server did ---------------------------------
 
 
+def _settled_stats(server, completed: int, timeout_s: float = 2.0) -> dict:
+    """The in-process server's counters once its thread has booked the last response:
+    the client can read the final byte before that thread runs again."""
+    deadline = time.monotonic() + timeout_s
+    stats = server.stats()
+    while stats["requests_completed"] < completed and time.monotonic() < deadline:
+        time.sleep(0.01)
+        stats = server.stats()
+    return stats
+
+
 def test_rates_and_tokens_match_server_counts(fake_server) -> None:
     server = fake_server(token_delay_s=0.001, first_token_delay_s=0.002)
     config = LoadTestConfig(url=server.url, rate=120.0, warmup=0, seed=3)
     result = run_load_test_sync(config, _requests(180, out=8))
-    truth = server.stats()
+    truth = _settled_stats(server, 180)
     summary = summarize(result.records, offered_rate=config.rate)
 
     assert summary.num_completed == 180 == truth["requests_completed"]
@@ -176,11 +187,13 @@ FAULT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("transport", ["native", "aiohttp"])
 @pytest.mark.parametrize(("fault", "kind"), FAULT_CASES)
-def test_each_fault_is_a_failure_and_never_goodput(fake_server, fault: str, kind: str) -> None:
+def test_each_fault_is_a_failure_and_never_goodput(fake_server, fault: str, kind: str,
+                                                   transport: str) -> None:
     server = fake_server(fault=fault, fail_every=3, slow_first_token_s=2.0)
     config = LoadTestConfig(url=server.url, rate=300.0, warmup=0, request_timeout_s=0.4,
-                            process="constant", seed=4)
+                            process="constant", seed=4, transport=transport)
     result = run_load_test_sync(config, _requests(9, out=6))
     failed = [r for r in result.records if not r.ok]
     assert len(failed) == 3, [r.error for r in result.records]
@@ -371,8 +384,8 @@ def test_fake_server_cli_ignores_vllm_flags_and_exits_on_sigterm() -> None:
             proc.stdout.close()
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
-def test_both_transports_count_the_same(fake_server, transport: str) -> None:
+@pytest.mark.parametrize("transport", ["native", "aiohttp", "httpx"])
+def test_every_transport_counts_the_same(fake_server, transport: str) -> None:
     server = fake_server(fault="500", fail_every=4)
     result = run_load_test_sync(
         LoadTestConfig(url=server.url, model="m", rate=200.0, warmup=0, transport=transport),

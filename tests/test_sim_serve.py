@@ -138,6 +138,13 @@ def test_endpoints_behave_like_vllm() -> None:
             assert f'{name}{{engine="0",model_name="tiny"}}' in metrics
         assert 'vllm:generation_tokens_total{engine="0",model_name="tiny"} 12.0' in metrics
         assert 'vllm:prompt_tokens_total{engine="0",model_name="tiny"} 7.0' in metrics
+        # Three generating requests: one server-side TTFT each, cumulative buckets.
+        ttft = [line for line in metrics.splitlines()
+                if line.startswith("vllm:time_to_first_token_seconds")]
+        assert 'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny"} 3.0' in ttft
+        buckets = [float(line.rsplit(" ", 1)[1]) for line in ttft if "_bucket" in line]
+        assert buckets == sorted(buckets) and buckets[-1] == 3.0 and buckets[0] < 3.0
+        assert float(ttft[-1].rsplit(" ", 1)[1]) > 0  # the sum
     out = proc.stdout.read() if proc.stdout else ""
     assert "GPU KV cache size: " in out and "Maximum concurrency for 2,048 tokens" in out
     assert "ignoring flags the simulator does not model: --enforce-eager" in out

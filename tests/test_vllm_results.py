@@ -17,6 +17,7 @@ from autotune.vllm_results import (
     VllmResultError,
     load_vllm_results,
     read_vllm_rows,
+    records_from_vllm_result,
     save_vllm_result,
     write_vllm_result,
 )
@@ -28,7 +29,8 @@ VLLM_KEYS = {
     "request_rate", "burstiness", "max_concurrency", "duration", "completed", "failed",
     "total_input_tokens", "total_output_tokens", "request_throughput", "request_goodput",
     "output_throughput", "total_token_throughput", "input_lens", "output_lens", "ttfts",
-    "itls", "generated_texts", "errors", "max_output_tokens_per_s",
+    "itls", "latencies", "start_times", "generated_texts", "errors",
+    "max_output_tokens_per_s",
     "max_concurrent_requests",
     *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl") for s in ("mean", "median", "std",
                                                                  "p99")),
@@ -142,3 +144,22 @@ def test_missing_paths(tmp_path: Path):
         read_vllm_rows(tmp_path / "nope.json")
     with pytest.raises(VllmResultError, match=r"no vLLM result files"):
         read_vllm_rows(tmp_path)
+
+
+def test_detailed_result_gives_back_records_with_the_same_figures():
+    records = _records()
+    summary = summarize(records)
+    back = records_from_vllm_result(write_vllm_result(summary, records, {"model": "m"}))
+    again = summarize(back)
+    assert again.num_completed == summary.num_completed
+    assert again.num_failed == summary.num_failed
+    for name in ("ttft", "tpot", "itl", "e2e"):
+        a, b = getattr(summary, name), getattr(again, name)
+        assert (a.p50, a.p99, a.count) == pytest.approx((b.p50, b.p99, b.count), rel=1e-9)
+    assert again.request_throughput == pytest.approx(summary.request_throughput, rel=1e-9)
+
+
+def test_summary_only_result_is_not_taken_for_detailed():
+    obj = {"request_throughput": 1.0, "output_throughput": 1.0, "completed": 1}
+    with pytest.raises(VllmResultError, match="--save-detailed"):
+        records_from_vllm_result(obj)

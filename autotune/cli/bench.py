@@ -45,6 +45,12 @@ class Endpoint(str, Enum):
     chat = "chat"
 
 
+class Transport(str, Enum):
+    native = "native"
+    aiohttp = "aiohttp"
+    httpx = "httpx"
+
+
 def _positive(name: str, value: float | None, *, allow_inf: bool = False) -> None:
     if value is None:
         return
@@ -87,6 +93,9 @@ def bench(
         help="Gamma shape of the gaps (1 = Poisson, < 1 burstier).")] = 1.0,
     request_timeout: Annotated[float, typer.Option(
         help="Seconds before a request counts as failed.")] = 600.0,
+    transport: Annotated[Transport, typer.Option(
+        help="HTTP client: native (fastest; HTTP/1.1, no proxy), aiohttp or httpx "
+             "(via httpx: proxies, HTTP/2).")] = Transport.native,
     slo_p99: Annotated[str | None, typer.Option(
         help="P99 end-to-end latency limit, e.g. 10s.")] = None,
     slo: Annotated[str | None, typer.Option(
@@ -152,7 +161,8 @@ def _bench(**opts: object) -> None:
     config = loadgen.LoadTestConfig(
         url=url, model=model, endpoint=o.endpoint.value, rate=o.rate,
         process=o.arrival.value, burstiness=o.burstiness, max_concurrency=o.max_concurrency,
-        warmup=len(warm), request_timeout_s=o.request_timeout, api_key=o.api_key, seed=o.seed)
+        warmup=len(warm), request_timeout_s=o.request_timeout, api_key=o.api_key, seed=o.seed,
+        transport=o.transport.value)
     with Progress(TextColumn("[bold]load test"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task("requests", total=len(warm) + len(measured))
@@ -182,6 +192,7 @@ def _bench(**opts: object) -> None:
         "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
         "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
         "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
+        "transport": o.transport.value,
         "slo": None if slo is None else str(slo), "notes": wl.notes,
         "diagnoses": [d.to_dict() for d in findings],
     }

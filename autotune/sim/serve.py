@@ -40,6 +40,9 @@ from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Scheduler, Seq
 
 OWNED_BY = "autotune-simulator"
+# vLLM's bucket bounds for vllm:time_to_first_token_seconds.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 DEFAULT_PROFILE = "a100-80gb"
 DEFAULT_MODEL_PROFILE = "llama-3-8b"
 WORDS = ("the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was",
@@ -97,6 +100,11 @@ class RealtimeEngine:
         self.generation_tokens_total = 0
         self.finished_total = 0
         self.stopping = False
+        # Server-side TTFT (request received -> first token handed to HTTP), as vLLM's
+        # vllm:time_to_first_token_seconds: a reference for what a client adds on top.
+        self.ttft_counts = [0] * len(TTFT_BUCKETS)
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[int, asyncio.Queue[str]]:
         rid = self.next_rid
@@ -172,6 +180,13 @@ class RealtimeEngine:
                     "unexpectedly", err=True)
                 os._exit(3)
 
+    def observe_ttft(self, seconds: float) -> None:
+        self.ttft_sum += seconds
+        self.ttft_count += 1
+        for i, le in enumerate(TTFT_BUCKETS):
+            if seconds <= le:
+                self.ttft_counts[i] += 1
+
     def metrics_text(self, model_name: str) -> str:
         lab = f'{{engine="0",model_name="{model_name}"}}'
         s = self.sched
@@ -199,6 +214,17 @@ class RealtimeEngine:
                 f"# TYPE {name} counter",
                 f'{name}{{engine="0",finished_reason="length",model_name="{model_name}"}} '
                 f"{float(self.finished_total)}"]
+        name = "vllm:time_to_first_token_seconds"
+        out += [f"# HELP {name} Histogram of time to first token in seconds (simulated "
+                "engine, measured by this server from request receipt).",
+                f"# TYPE {name} histogram"]
+        for le, count in zip(TTFT_BUCKETS, self.ttft_counts, strict=True):
+            out.append(f'{name}_bucket{{engine="0",le="{le}",model_name="{model_name}"}} '
+                       f"{float(count)}")
+        out += [f'{name}_bucket{{engine="0",le="+Inf",model_name="{model_name}"}} '
+                f"{float(self.ttft_count)}",
+                f"{name}_count{lab} {float(self.ttft_count)}",
+                f"{name}_sum{lab} {self.ttft_sum}"]
         return "\n".join(out) + "\n"
 
 
@@ -276,6 +302,7 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
             return error(problem)
         if engine.stopping:
             return error("server is shutting down", 503, "ServiceUnavailableError")
+        received = time.perf_counter()
         rid, q = engine.submit(prompt_n, max_tokens)
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         obj = "chat.completion.chunk" if chat else "text_completion"
@@ -288,6 +315,8 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
             n_out = 0
             try:
                 while (ev := await q.get()) == TOKEN:
+                    if n_out == 0:
+                        engine.observe_ttft(time.perf_counter() - received)
                     n_out += 1
             finally:
                 if ev != DONE:
@@ -340,6 +369,8 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
                     if ev == DONE:
                         finished = True
                         break
+                    if n_out == 0:
+                        engine.observe_ttft(time.perf_counter() - received)
                     yield chunk(n_out, n_out + 1 == max_tokens)
                     n_out += 1
                 if include_usage:

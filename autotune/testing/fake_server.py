@@ -652,6 +652,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(coro: Any) -> None:
+    """uvloop when installed: the benchmark server must never be the bottleneck."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro)
+        return
+    uvloop.run(coro)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, _ignored = build_parser().parse_known_args(argv)
     try:
@@ -667,7 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fake server: {exc}", file=sys.stderr)
         return 2
     try:
-        asyncio.run(serve(config, args.host, args.port))
+        _run(serve(config, args.host, args.port))
     except OSError as exc:
         print(f"fake server: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,262 @@
+"""Fitting the simulator's cost coefficients to measured step times (autotune.sim.calibrate).
+
+The unit tests make step times with the simulator's own cost model from known
+coefficients (plus noise) and check that the fit recovers them.  The last tests run
+``benchmarks/sim_fidelity.py``: without real vLLM it must say "skipped" and exit 0; with
+it (``@pytest.mark.vllm``), a smoke run of the whole benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from autotune.sim import EngineConfig, load_hardware, load_model, simulate
+from autotune.sim.calibrate import (
+    StepSample,
+    fit_step_times,
+    predict,
+    profile_yaml,
+)
+from autotune.sim.profiles import HardwareProfile
+from autotune.workload import Request
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "sim_fidelity.py"
+
+TINY = load_model("tiny")
+CPU = load_hardware("cpu-tiny")
+TRUTH = replace(CPU, peak_tflops=0.1, compute_efficiency=0.08, step_overhead_ms=5.5,
+                per_seq_overhead_us=300.0)
+
+
+def shapes() -> list[StepSample]:
+    """The batches the benchmark measures: decodes of 1..16 and prefills beside a decode."""
+    out = [StepSample.decode(b, 60.0, 1.0) for b in (1, 2, 4, 8, 16)]
+    out += [StepSample.prefill(p, 1.0, decode_batch=1, decode_context=100.0)
+            for p in (16, 64, 128, 256, 512, 900)]
+    return out
+
+
+def measured(truth: HardwareProfile, noise: float, seed: int = 0) -> list[StepSample]:
+    rng = np.random.default_rng(seed)
+    base = shapes()
+    times = predict(base, truth, TINY) * (1 + noise * rng.standard_normal(len(base)))
+    return [replace(s, seconds=float(t)) for s, t in zip(base, times, strict=True)]
+
+
+def test_recovers_the_coefficients_exactly_without_noise() -> None:
+    cal = fit_step_times(measured(TRUTH, 0.0), CPU, TINY)
+    hw = cal.hardware
+    assert hw.achieved_flops == pytest.approx(TRUTH.achieved_flops, rel=1e-4)
+    assert hw.step_overhead_ms == pytest.approx(5.5, rel=1e-4)
+    assert hw.per_seq_overhead_us == pytest.approx(300.0, rel=1e-3)
+    assert cal.r2 == pytest.approx(1.0, abs=1e-9)
+    assert cal.max_rel_error < 1e-5
+    assert all(type(v) is float for v in cal.fitted_fields().values())  # YAML/JSON-safe
+    # Only the fitted fields change; the result goes through the real cost model.
+    assert replace(hw, peak_tflops=CPU.peak_tflops, compute_efficiency=CPU.compute_efficiency,
+                   step_overhead_ms=CPU.step_overhead_ms,
+                   per_seq_overhead_us=CPU.per_seq_overhead_us) == CPU
+    assert cal.previous == CPU
+    np.testing.assert_allclose(cal.predicted_s, predict(cal.samples, hw, TINY))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_recovers_the_coefficients_within_noise(seed: int) -> None:
+    cal = fit_step_times(measured(TRUTH, 0.03, seed), CPU, TINY)
+    hw = cal.hardware
+    assert hw.achieved_flops == pytest.approx(TRUTH.achieved_flops, rel=0.15)
+    assert hw.step_overhead_ms == pytest.approx(5.5, rel=0.15)
+    assert hw.per_seq_overhead_us == pytest.approx(300.0, rel=0.35)
+    assert cal.r2 > 0.95
+    assert len(cal.residuals_s) == len(cal.samples)
+
+
+def test_the_fitted_profile_simulates_like_the_truth() -> None:
+    """What matters downstream: a load test on the fitted profile looks like the truth's."""
+    cal = fit_step_times(measured(TRUTH, 0.02, 5), CPU, TINY)
+    reqs = [Request("", 32 + (i * 37) % 64, 48 + (i * 13) % 32) for i in range(200)]
+    arrivals = np.arange(200) * 0.05
+    cfg = EngineConfig("tiny", max_num_seqs=16)
+    a = simulate(cfg, TRUTH, TINY, reqs, arrivals)
+    b = simulate(cfg, cal.hardware, TINY, reqs, arrivals)
+    span = [max(r.end_s for r in x.records) for x in (a, b)]
+    assert span[1] == pytest.approx(span[0], rel=0.05)
+
+
+# Slow enough that long-context decodes are memory-bound (as vLLM-CPU's decode attention
+# is: its cost grows with the KV entries read far beyond the FLOP roofline).
+SLOW_MEMORY = replace(TRUTH, peak_bandwidth_gbs=20, bandwidth_efficiency=0.15)
+
+
+def shapes_with_contexts() -> list[StepSample]:
+    return shapes() + [StepSample.decode(b, 700.0, 1.0, f"decode x{b} long")
+                       for b in (4, 8, 16)]
+
+
+def test_fits_the_bandwidth_from_decodes_over_long_contexts() -> None:
+    base = shapes_with_contexts()
+    times = predict(base, SLOW_MEMORY, TINY)
+    samples = [replace(s, seconds=float(t)) for s, t in zip(base, times, strict=True)]
+    cal = fit_step_times(samples, CPU, TINY, fit_bandwidth=True)
+    hw = cal.hardware
+    assert hw.achieved_bandwidth == pytest.approx(SLOW_MEMORY.achieved_bandwidth, rel=1e-3)
+    assert hw.achieved_flops == pytest.approx(SLOW_MEMORY.achieved_flops, rel=1e-3)
+    assert hw.step_overhead_ms == pytest.approx(5.5, rel=1e-3)
+    assert hw.per_seq_overhead_us == pytest.approx(300.0, rel=1e-2)
+    assert cal.bandwidth_fitted and "bandwidth_efficiency" in cal.fitted_fields()
+    assert any(cal.memory_bound)
+    # Keeping the bandwidth cannot follow the long contexts as well.
+    kept = fit_step_times(samples, CPU, TINY)
+    assert kept.max_rel_error > 10 * cal.max_rel_error
+
+
+def test_bandwidth_fit_with_noise() -> None:
+    rng = np.random.default_rng(3)
+    base = shapes_with_contexts()
+    times = predict(base, SLOW_MEMORY, TINY) * (1 + 0.02 * rng.standard_normal(len(base)))
+    samples = [replace(s, seconds=float(t)) for s, t in zip(base, times, strict=True)]
+    hw = fit_step_times(samples, CPU, TINY, fit_bandwidth=True).hardware
+    assert hw.achieved_bandwidth == pytest.approx(SLOW_MEMORY.achieved_bandwidth, rel=0.25)
+    assert hw.step_overhead_ms == pytest.approx(5.5, rel=0.25)
+
+
+def test_bandwidth_kept_when_nothing_is_memory_bound() -> None:
+    cal = fit_step_times(measured(TRUTH, 0.0), CPU, TINY, fit_bandwidth=True)
+    assert cal.hardware.achieved_bandwidth == pytest.approx(CPU.achieved_bandwidth)
+    assert any("bandwidth is not identified" in n for n in cal.notes)
+    assert cal.hardware.step_overhead_ms == pytest.approx(5.5, rel=1e-3)
+    assert not cal.bandwidth_fitted and "bandwidth_efficiency" not in cal.fitted_fields()
+
+
+def test_bandwidth_fit_needs_several_contexts() -> None:
+    # Two decodes reading the same 61 KV entries, two equal prefills: 2 distinct values.
+    samples = [StepSample.decode(1, 60.0, 0.01), StepSample.decode(2, 29.5, 0.011),
+               StepSample.prefill(16, 0.02), StepSample.prefill(16, 0.021)]
+    with pytest.raises(ValueError, match="KV entries"):
+        fit_step_times(samples, CPU, TINY, fit_bandwidth=True)
+
+
+def test_efficiency_above_one_raises_the_peak_instead() -> None:
+    fast = replace(TRUTH, compute_efficiency=1.0, peak_tflops=0.5)
+    cal = fit_step_times(measured(fast, 0.0), replace(CPU, peak_tflops=0.1), TINY)
+    assert cal.hardware.compute_efficiency == 1.0
+    assert cal.hardware.peak_tflops == pytest.approx(0.5, rel=1e-3)
+    assert any("exceeds the profile's peak" in n for n in cal.notes)
+
+
+def test_absolute_weighting_fits_too() -> None:
+    cal = fit_step_times(measured(TRUTH, 0.0), CPU, TINY, relative=False)
+    assert cal.hardware.step_overhead_ms == pytest.approx(5.5, rel=1e-3)
+
+
+def test_sample_constructors_follow_the_scheduler_conventions() -> None:
+    d = StepSample.decode(4, 99.0, 0.01)
+    assert (d.tokens, d.seqs, d.kv_tokens, d.pairs) == (4, 4, 400.0, 400.0)
+    p = StepSample.prefill(10, 0.02, decode_batch=2, decode_context=9.0)
+    assert (p.tokens, p.seqs, p.kv_tokens) == (12, 3, 30.0)
+    assert p.pairs == 55 + 20.0
+    assert "prefill 10" in p.label and "decode x2" in p.label
+
+
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        (shapes()[:3], "at least 4"),
+        ([StepSample.decode(b, 10, 0.01) for b in (1, 2, 4, 8)], "decode-only"),
+        ([StepSample.prefill(p, 0.01) for p in (8, 16, 32, 64)], "same number of sequences"),
+        ([*shapes()[:4], StepSample.decode(2, 10, float("nan"))], "finite"),
+        ([*shapes()[:4], StepSample.decode(2, 10, -1.0)], "> 0"),
+        ([*shapes()[:4], StepSample(1, 2, 0, 0, 0.01, "bad")], "bad: need tokens >= seqs"),
+        ([*shapes()[:4], StepSample(3, 1, -5, 0, 0.01)], "must be >= 0"),
+    ],
+)
+def test_bad_samples_say_what_is_wrong(samples: list[StepSample], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        fit_step_times(samples, CPU, TINY)
+
+
+def test_profile_yaml_loads_back_as_the_fitted_profile(tmp_path: Path) -> None:
+    cal = fit_step_times(measured(TRUTH, 0.0), CPU, TINY)
+    text = profile_yaml(cal, ["fitted by the test", "", "second line"],
+                        {"memory_gib": "kept", "step_overhead_ms": "median of steps"})
+    assert text.startswith("# fitted by the test\n#\n# second line\nkind: hardware\n")
+    assert "# fitted; median of steps" in text and "# kept" in text
+    data = yaml.safe_load(text)
+    assert data.pop("kind") == "hardware"
+    back = HardwareProfile(**data)
+    assert back.step_overhead_ms == pytest.approx(cal.hardware.step_overhead_ms, rel=1e-5)
+    assert back.achieved_flops == pytest.approx(cal.hardware.achieved_flops, rel=1e-5)
+    assert replace(back, step_overhead_ms=0, per_seq_overhead_us=0, compute_efficiency=0,
+                   peak_tflops=0) == replace(cal.hardware, step_overhead_ms=0,
+                                             per_seq_overhead_us=0, compute_efficiency=0,
+                                             peak_tflops=0)
+
+
+def test_to_dict_is_json_ready() -> None:
+    cal = fit_step_times(measured(TRUTH, 0.01), CPU, TINY)
+    d = json.loads(json.dumps(cal.to_dict()))
+    assert set(d["fitted"]) == {"peak_tflops", "compute_efficiency", "step_overhead_ms",
+                                "per_seq_overhead_us"}
+    assert len(d["samples"]) == len(shapes()) and "residual_s" in d["samples"][0]
+
+
+# ----------------------------------------------------------------------------- benchmark
+
+
+def _run_script(tmp_path: Path, env: dict[str, str], timeout: float) -> dict:
+    out = tmp_path / "fid.json"
+    r = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--output", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_benchmark_without_vllm_says_skipped(tmp_path: Path) -> None:
+    env = {**os.environ, "AUTOTUNE_VLLM_PYTHON": str(tmp_path / "no-python"),
+           "AUTOTUNE_TINY_MODEL": str(tmp_path / "no-model")}
+    data = _run_script(tmp_path, env, 120)
+    assert data["skipped"] is True and "no-python" in data["reason"]
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sim_fidelity import markdown
+
+    text = "\n".join(markdown(data))
+    assert "skipped" in text.lower() and "no-python" in text
+
+
+@pytest.mark.vllm
+def test_benchmark_smoke_on_real_vllm(tmp_path: Path) -> None:
+    """The whole benchmark at smoke sizes (~1 min: one server start, a few seconds of
+    calibration, two small load tests).  Figures are not checked, only that they exist."""
+    from autotune.server import pid_alive
+
+    py = os.environ.get("AUTOTUNE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
+    model = os.environ.get("AUTOTUNE_TINY_MODEL") or str(ROOT / ".cache" / "tiny-llama")
+    if not (Path(py).is_file() and (Path(model) / "config.json").is_file()):
+        pytest.skip(f"real vLLM not set up (no {py} or no {model}/config.json): run "
+                    "`eval \"$(bash .ci/setup_vllm_cpu.sh)\"`")
+    data = _run_script(tmp_path, {**os.environ, "AUTOTUNE_VLLM_PYTHON": py,
+                                  "AUTOTUNE_TINY_MODEL": model}, 400)
+    assert data["skipped"] is False
+    assert data["server"]["pids"] and not any(pid_alive(p) for p in data["server"]["pids"])
+    fit = data["calibration"]["fit"]
+    assert len(fit["samples"]) == len(data["calibration"]["decode"]) + len(
+        data["calibration"]["prefill"])
+    assert fit["fitted"]["step_overhead_ms"] >= 0
+    n = data["validation"]["num_prompts"]
+    for r in data["rates"]:
+        assert r["real"]["completed"] == n and r["sim"]["completed"] == n
+        assert r["sim"]["cpu_s"] > 0 and r["real"]["wall_s"] > 0
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.sim_fidelity import markdown
+
+    assert "**Headline (same run)" in "\n".join(markdown(data))

@@ -372,7 +372,11 @@ def test_sim_server_real_simulator(tmp_path):
 # ----------------------------------------------------------------------------- exit paths
 
 PARENT = textwrap.dedent("""
-    import sys, time
+    import signal, sys, time
+    # A user's process at a terminal: a test run started in the background (`cmd &`,
+    # nohup) would otherwise hand down SIGINT/SIGHUP ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sys.path.insert(0, {repo!r})
     from autotune.server import VllmServer
     mode = sys.argv[1]

@@ -191,8 +191,10 @@ def test_killed_study_resumes_without_losing_finished_trials(tmp_path: Path) -> 
            "--studies-dir", str(studies), "--num-prompts", "150", "--warmup", "10",
            "--n-trials", "400"]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    err = tmp_path / "search.err"  # what the killed search said, should this test fail
+    with open(err, "w") as err_file:
+        proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=err_file, start_new_session=True)
     storage = f"sqlite:///{studies / 'k.db'}"
     try:
         deadline = time.monotonic() + 60
@@ -215,6 +217,7 @@ def test_killed_study_resumes_without_losing_finished_trials(tmp_path: Path) -> 
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+    assert "k" in optuna.get_all_study_names(storage), err.read_text()[-2000:]
     study = optuna.load_study(study_name="k", storage=storage)
     finished = {t.number: t.value for t in study.get_trials()
                 if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -182,6 +183,15 @@ def test_unknown_sampler_and_bad_storage() -> None:
         open_storage("nosuchdb://localhost/x")
 
 
+def _study_row_exists(db: Path, name: str) -> bool:
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            row = con.execute("SELECT 1 FROM studies WHERE study_name = ?", (name,)).fetchone()
+            return row is not None
+    except sqlite3.Error:
+        return False
+
+
 def test_killed_study_resumes_without_losing_finished_trials(tmp_path: Path) -> None:
     """kill -9 in the middle of a study: finished trials survive, the stale RUNNING
     trial is marked failed, and the same command continues."""
@@ -201,7 +211,9 @@ def test_killed_study_resumes_without_losing_finished_trials(tmp_path: Path) -> 
         finished: dict[int, float | None] = {}
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            if not (studies / "k.db").exists():
+            # Read-only until the search has created its study: opening a new file with
+            # Optuna races the search's own schema setup (alembic_version UNIQUE error).
+            if not _study_row_exists(studies / "k.db", "k"):
                 continue
             try:
                 study = optuna.load_study(study_name="k", storage=storage)

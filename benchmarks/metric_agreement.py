@@ -51,7 +51,7 @@ from tool_comparison import (  # noqa: E402
 )
 
 from autotune.server import free_port  # noqa: E402
-from benchmarks.procs import stop  # noqa: E402
+from autotune.testing.fake_server import stop_process  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 
 TOLERANCE = 0.03
@@ -112,7 +112,7 @@ def start_sim(args: argparse.Namespace) -> tuple[subprocess.Popen[str], str]:
                 return proc, url
         except httpx.HTTPError:
             time.sleep(0.5)
-    stop(proc)
+    stop_process(proc)
     raise RuntimeError("simulator server did not become ready in 120 s")
 
 
@@ -357,7 +357,7 @@ def _measure(args: argparse.Namespace) -> dict[str, Any]:
                                                            args.seed))
             saved = json.loads(Path(tmp, "vllm_detailed.json").read_text())
         finally:
-            stop(proc)
+            stop_process(proc)
     rows_cmp = compare(ours, theirs)
     repeat = compare(ours2, ours)
     defs = same_records(saved, theirs)

@@ -41,8 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from autotune.testing.fake_server import FakeServerProcess  # noqa: E402
-from benchmarks.procs import stop  # noqa: E402
+from autotune.testing.fake_server import FakeServerProcess, stop_process  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 
 # Made by .ci/setup_vllm_cpu.sh and benchmarks/setup_guidellm.sh (or set the variables).
@@ -423,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         if proc is not None:
-            stop(proc)
+            stop_process(proc)
     caps = {t: v["capacity"]["max_sustained_rate"] for t, v in result["tools"].items()}
     others = {t: c for t, c in caps.items() if not t.startswith("ours")}
     if others:
@@ -467,7 +466,7 @@ def _start_pinned_server() -> tuple[subprocess.Popen[str], str]:
             break
         if "listening on " in line:
             return proc, line.split("listening on ", 1)[1].split()[0]
-    stop(proc)
+    stop_process(proc)
     raise RuntimeError("fake server did not start")
 
 

@@ -547,6 +547,17 @@ class FakeServer:
         self.stop()
 
 
+def stop_process(proc: subprocess.Popen[str], grace_s: float = 5.0) -> None:
+    """SIGTERM, ``grace_s`` to exit, then SIGKILL; always reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class FakeServerProcess:
     """The fake server as a child process (``--port 0``); ``.url`` once started.
 
@@ -584,13 +595,7 @@ class FakeServerProcess:
         proc, self._proc = self._proc, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5.0)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         if proc.stdout is not None:
             proc.stdout.close()
         return proc.returncode

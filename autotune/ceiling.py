@@ -39,8 +39,11 @@ from autotune.workload import Request
 # rate could not keep up: its throughput estimates the service capacity.
 OVERLOAD_SHARE = 0.95
 SECANT_SHARE = 0.5
-PHASES = ("saturation", "bracket", "bisect", "more-requests", "repeat")
-VERDICTS = ("pass", "fail", "uncertain")
+PHASES = ("saturation", "incumbent", "bracket", "bisect", "more-requests", "repeat")
+# "inconclusive": a load test sized by time that ran to its cap without a certain
+# verdict; "uncertain": a fixed-count probe whose point estimate passed but whose bound
+# did not.  Neither counts as passing.
+VERDICTS = ("pass", "fail", "inconclusive", "uncertain")
 
 
 class CeilingError(ValueError):
@@ -65,6 +68,9 @@ class ProbeResult:
     # (``completion_rate``): an overloaded server completes at its capacity whatever
     # the offered rate, so this estimates the capacity better than the window's req/s.
     completion_rate: float | None = None
+    # The steady-state verdict (autotune.verdict.Evidence) when the probe was sized by
+    # time: it decides pass/fail/inconclusive instead of the summary's SLO check.
+    evidence: Any = None
 
 
 def completion_rate(records: Sequence[RequestRecord]) -> float | None:
@@ -197,6 +203,7 @@ class Probe:
     # ``overloaded``): completions per second scaled by offered / achieved send rate.
     capacity_seen: float = math.nan
     summary: Summary | None = field(default=None, repr=False)
+    evidence: Any = field(default=None, repr=False)
 
     @property
     def passed(self) -> bool:
@@ -227,6 +234,8 @@ class Probe:
             "capacity_seen": _num(self.capacity_seen), "slack": _num(self.slack),
             "note": self.note,
         }
+        if self.evidence is not None:
+            data["evidence"] = self.evidence.to_dict()
         if with_summary and self.summary is not None:
             data["summary"] = self.summary.to_dict()
         return data
@@ -271,6 +280,8 @@ class CeilingResult:
     stepdown_rate: float | None = None  # ...and the rate it would end at
     spread: list[Spread] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The first probe had to pass (the rate needed to beat the incumbent) and did not.
+    below_start: bool = False
 
     @property
     def recommended_cap(self) -> float | None:
@@ -306,6 +317,12 @@ class CeilingResult:
             low = self.lowest_rate
             shown = _rate(low) if low is not None else "the lowest rate"
             at_low = [p for p in self.probes if p.rate == low]
+            if self.below_start:
+                return (f"{prefix}does not sustain {shown} req/s, the rate it needs to beat "
+                        f"the best config so far ({self.slo})")
+            if at_low and all(p.verdict == "inconclusive" for p in at_low):
+                return (f"{prefix}even at {shown} req/s the load test reached its cap without "
+                        f"steady-state evidence that the SLO ({self.slo}) holds")
             if at_low and all(p.verdict == "uncertain" for p in at_low):
                 return (f"{prefix}even {shown} req/s meets the SLO ({self.slo}) only by its "
                         f"point estimate, not with {self.confidence:.0%} confidence: more "
@@ -346,6 +363,7 @@ class CeilingResult:
             "stepdown_probes": self.stepdown_probes,
             "stepdown_rate": self.stepdown_rate,
             "spread": [s.to_dict() for s in self.spread],
+            "below_start": self.below_start,
             "notes": list(self.notes),
             "probes": [p.to_dict() for p in self.probes],
         }
@@ -464,16 +482,28 @@ class _Search:
         if self.source is None:
             self.source = s.source
         checks = check_limits(s, self.slo, self.confidence)
-        verdict = verdict_of(checks, res.pruned)
-        # Compare completions with the schedule's own arrival rate: a Poisson draw of a
-        # few hundred arrivals is several percent off the offered rate.
-        sent = s.achieved_send_rate if s.achieved_send_rate > 0 else rate
-        backlog = res.pruned and "backlog" in (res.prune_reason or "")
-        slow = res.completion_rate is not None and res.completion_rate < OVERLOAD_SHARE * sent
-        overloaded = bool(math.isfinite(rate) and verdict == "fail" and (backlog or slow))
+        ev = res.evidence
+        if ev is not None:
+            checks = [LimitCheck(e.label, e.threshold_s, e.observed_s, e.upper_s, e.n)
+                      for e in ev.limits] or checks
+            verdict = "fail" if res.pruned else ev.verdict
+            sent = ev.arrival_rate if ev.arrival_rate > 0 else rate
+            backlog = ev.backlog_lower is not None and ev.backlog_lower > ev.backlog_allowed
+            slow = ev.arrival_rate > 0 and ev.served_rate < OVERLOAD_SHARE * ev.arrival_rate
+            seen = ev.served_rate
+        else:
+            verdict = verdict_of(checks, res.pruned)
+            # Compare completions with the schedule's own arrival rate: a Poisson draw of
+            # a few hundred arrivals is several percent off the offered rate.
+            sent = s.achieved_send_rate if s.achieved_send_rate > 0 else rate
+            backlog = res.pruned and "backlog" in (res.prune_reason or "")
+            slow = (res.completion_rate is not None
+                    and res.completion_rate < OVERLOAD_SHARE * sent)
+            seen = (res.completion_rate if res.completion_rate is not None
+                    else s.request_throughput)
+        overloaded = bool(math.isfinite(rate) and verdict != "pass" and (backlog or slow))
         # The capacity in offered-rate units, the units every probe rate is in.
-        seen = res.completion_rate if res.completion_rate is not None else s.request_throughput
-        capacity = seen * rate / sent if math.isfinite(rate) else seen
+        capacity = seen * rate / sent if math.isfinite(rate) and sent > 0 else seen
         p = Probe(
             index=len(self.probes), rate=rate, num_prompts=n, phase=phase, verdict=verdict,
             checks=checks, binding=binding_of(checks, verdict),
@@ -481,7 +511,7 @@ class _Search:
             num_measured=s.num_measured, pruned=res.pruned, prune_reason=res.prune_reason,
             overloaded=overloaded, gpu_util=res.gpu_util, server_s=res.server_s,
             repeat=repeat, note=note, completion_rate=res.completion_rate,
-            capacity_seen=capacity, summary=s)
+            capacity_seen=capacity, summary=s, evidence=ev)
         self.probes.append(p)
         if self.on_probe is not None:
             self.on_probe(p)
@@ -591,9 +621,16 @@ def find_ceiling(
     confidence: float = 0.95,
     headroom: float = 0.10,
     min_rate: float | None = None,
+    max_rate: float | None = None,
+    first_must_pass: bool = False,
     on_probe: Callable[[Probe], None] | None = None,
 ) -> CeilingResult:
     """Search the highest rate that meets ``slo`` with ``confidence``; see the module doc.
+
+    ``first_must_pass`` (beat-the-incumbent): ``start_rate`` is the rate this config
+    needs to beat the best one so far; if it does not pass there, the search ends after
+    that one probe with ``below_start``.  ``max_rate`` caps the bracket (the space's
+    highest rate): a config that passes there is reported as sustaining at least it.
 
     ``start_rate=None`` first runs one saturation probe (every request at once, as
     vLLM's ``auto_tune.sh`` does) and starts at 70% of its throughput.  ``max_probes``
@@ -625,10 +662,19 @@ def find_ceiling(
         search.cap_est = saturated
         start_rate = 0.7 * saturated
     floor_rate = min_rate if min_rate is not None else start_rate / 32.0
+    if max_rate is not None:
+        start_rate = min(start_rate, max_rate)
 
-    _bracket(search, start_rate, floor_rate, tol)
+    below_start = False
+    if first_must_pass:
+        if search.evaluate(start_rate, "incumbent") != "pass":
+            below_start = True
+        else:
+            _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate, started=True)
+    else:
+        _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate)
     _bisect(search, tol)
-    spread = _repeat_boundaries(search, repeats)
+    spread = _repeat_boundaries(search, repeats) if not below_start else []
 
     lo, hi = search.lo(), search.hi()
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
@@ -655,23 +701,33 @@ def find_ceiling(
         stepdown_probes=stepdown,
         stepdown_rate=(stepdown_rate(saturated, lo)
                        if saturated is not None and lo is not None else None),
-        spread=spread, notes=search.notes)
+        spread=spread, notes=search.notes, below_start=below_start)
 
 
-def _bracket(search: _Search, start: float, floor_rate: float, tol: float) -> None:
-    """x2 up while passing (not past a known capacity), /2 down while failing."""
+def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
+             max_rate: float | None = None, started: bool = False) -> None:
+    """x2 up while passing (not past a known capacity or ``max_rate``), /2 down while
+    failing.  ``started``: ``start`` already passed."""
     if search.left <= 0:
         return
     rate = start
-    if search.evaluate(rate, "bracket") == "pass":
+    first_step = started
+    if started or search.evaluate(rate, "bracket") == "pass":
         while search.left > 0:
-            nxt = 2.0 * rate
+            if max_rate is not None and rate >= max_rate * (1.0 - 1e-9):
+                return
+            # From the incumbent's rate, first ask whether this config beats it by more
+            # than the tolerance: a tie then costs two probes, not a whole bracket.
+            nxt = rate * (1.0 + tol) if first_step else 2.0 * rate
+            first_step = False
             guess = _extrapolate(search, rate, tol)
             if guess is not None:
                 nxt = min(nxt, guess)
             cap = search.cap_est
             if cap is not None and cap > rate * (1.0 + tol):
                 nxt = min(nxt, cap)
+            if max_rate is not None:
+                nxt = min(nxt, max_rate)
             rate = nxt
             if search.evaluate(rate, "bracket") != "pass":
                 return
@@ -844,7 +900,7 @@ class BackendProbe:
                  pool: Sequence[Request], *, warmup: int = 50, seed: int = 0,
                  prune: bool = True, window_s: float = 1.0,
                  request_timeout_s: float = 600.0, drain: bool = True,
-                 drain_timeout_s: float = 600.0) -> None:
+                 drain_timeout_s: float = 600.0, steady: Any = None) -> None:
         if not pool:
             raise CeilingError("the workload is empty: no requests to probe with")
         self.backend = backend
@@ -861,25 +917,35 @@ class BackendProbe:
         self.drain_s = 0.0  # total seconds spent draining
         self.drain_note: str | None = None
         self.results: list[Any] = []  # every TrialResult, for callers that want records
+        # autotune.verdict.SteadyState: each finite-rate probe is sized by time and
+        # judged on steady-state evidence; None: ``n`` measured requests.
+        self.steady = steady
 
-    def plan(self, n: int, repeat: int = 0) -> Any:
+    def plan(self, n: int, repeat: int = 0, rate: float = math.inf) -> Any:
         from autotune.trial import LoadPlan
 
         order = list(range(len(self.pool)))
         if repeat:
             order = np.random.default_rng([self.seed, repeat]).permutation(order).tolist()
         picks = [self.pool[order[i % len(order)]] for i in range(self.warmup + n)]
-        return LoadPlan(slo=self.slo, requests=picks[self.warmup:],
+        if self.steady is not None and math.isfinite(rate):
+            # Sized by time: the whole pool, cycled as far as the test runs.
+            measured = [self.pool[order[(self.warmup + i) % len(order)]]
+                        for i in range(len(order))]
+        else:
+            measured = picks[self.warmup:]
+        return LoadPlan(slo=self.slo, requests=measured,
                         warmup_requests=picks[: self.warmup], warmup=self.warmup,
                         seed=self.seed + 7919 * repeat, window_s=self.window_s,
-                        request_timeout_s=self.request_timeout_s)
+                        request_timeout_s=self.request_timeout_s,
+                        steady=self.steady if math.isfinite(rate) else None)
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0) -> ProbeResult:
         from autotune.trial import PRUNED, probe
 
         before = float(getattr(self.backend, "server_s", 0.0))
         # The saturation probe sends everything at once: nothing to prune.
-        result = probe(self.backend, self.flags, rate, self.plan(n, repeat),
+        result = probe(self.backend, self.flags, rate, self.plan(n, repeat, rate),
                        prune=self.prune and math.isfinite(rate))
         self.results.append(result)
         if result.summary is None or result.reason == "crashed":
@@ -894,7 +960,7 @@ class BackendProbe:
             summary=result.summary, pruned=pruned,
             prune_reason=f"{result.reason}: {result.detail}" if pruned else None,
             gpu_util=None if util is None else util / 100.0, server_s=server_s,
-            completion_rate=completion_rate(result.records))
+            completion_rate=completion_rate(result.records), evidence=result.evidence)
 
     def _drain(self) -> float:
         if not self.drain:

@@ -169,7 +169,7 @@ def _reason(record: RequestRecord) -> str:
     return record.error.split(":", 1)[0].strip() or "error"
 
 
-def _good(record: RequestRecord, slo: SLO | None) -> bool:
+def is_good(record: RequestRecord, slo: SLO | None) -> bool:
     """vLLM's goodput rule per request: every limit's metric for this request holds.
 
     For ITL a request is judged by its own gaps at the limit's percentile.
@@ -235,7 +235,7 @@ def summarize(
     achieved_send = _rate_of(dispatched)
     lags = [lag for r in measured if (lag := r.send_lag_s) is not None]
 
-    good = [r for r in ok if _good(r, slo)]
+    good = [r for r in ok if is_good(r, slo)]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
     samples = slo_samples(measured)

@@ -86,7 +86,8 @@ class Trend:
 
 
 def backlog_trend(
-    times: Sequence[float], backlog: Sequence[float], *, corr_s: float = 0.0
+    times: Sequence[float] | np.ndarray, backlog: Sequence[float] | np.ndarray, *,
+    corr_s: float = 0.0
 ) -> Trend | None:
     """Least-squares slope of backlog over time with a Newey-West standard error.
 

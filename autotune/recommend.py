@@ -44,6 +44,8 @@ class TrialView:
     baseline: bool = False
     source: str = ""
     predicted: dict[str, Any] | None = None
+    # What the server was launched with: {"argv": [...], "env": {...}} (None: simulated)
+    launch: dict[str, Any] | None = None
 
     @property
     def config_key(self) -> str:
@@ -55,8 +57,14 @@ def view_from_row(number: int, attrs: Mapping[str, Any], *, value: float | None,
                   state: str, baseline: bool, params: Mapping[str, Any]) -> TrialView:
     """A :class:`TrialView` from a trial's ``result`` user attr (see ``trial.to_attrs``)."""
     res = attrs.get("result") or {}
-    summ = res.get("summary") or {}
+    summ = dict(res.get("summary") or {})
     e2e = summ.get("e2e") or {}
+    ev = res.get("evidence") or {}
+    if ev:
+        # A test sized by time: goodput over its judged arrivals (steady state), the
+        # figure the trial's value is, not the drain-biased whole-window one.
+        summ["goodput_tokens"] = ev.get("goodput_tokens")
+        summ["goodput_requests"] = ev.get("goodput_requests")
     tele = res.get("telemetry") or {}
     status = res.get("status") or ("failed" if state == "FAIL" else "?")
     return TrialView(
@@ -68,7 +76,8 @@ def view_from_row(number: int, attrs: Mapping[str, Any], *, value: float | None,
         output_throughput=summ.get("output_throughput"), p99_e2e_s=e2e.get("p99"),
         attainment=summ.get("attainment"), gpu_util_pct=tele.get("gpu_util_mean_pct"),
         gpus=int(res.get("gpus") or 1), reason=res.get("reason"), baseline=baseline,
-        source=summ.get("source") or "", predicted=attrs.get("predicted"))
+        source=summ.get("source") or "", predicted=attrs.get("predicted"),
+        launch=res.get("launch"))
 
 
 @dataclass
@@ -86,6 +95,9 @@ class Pick:
     command: str
     predicted: dict[str, Any] | None = None
     ceiling: dict[str, Any] | None = None  # the refined ceiling search, when run
+    # ``vllm serve MODEL flags``: the same config as ``command`` when the server was
+    # launched some other way (a venv's module, extra arguments, environment).
+    plain_command: str | None = None
 
 
 @dataclass
@@ -106,6 +118,8 @@ class Recommendation:
     ceilings: list[dict[str, Any]] = field(default_factory=list)  # refined, one per config
     # Pre-screened trials: the simulator's prediction next to what was measured.
     predictions: list[dict[str, Any]] = field(default_factory=list)
+    # The long run of the recommended config at its cap (autotune.validation).
+    validation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return _finite(asdict(self))
@@ -131,7 +145,18 @@ def _pick(view: TrialView, views: Sequence[TrialView]) -> Pick:
                 goodput_tokens=view.goodput_tokens, goodput_requests=view.goodput_requests,
                 p99_e2e_s=view.p99_e2e_s, attainment=view.attainment, gpus=view.gpus,
                 max_feasible_rate=max(same) if same else view.rate,
-                command=serve_command(view.flags), predicted=view.predicted)
+                command=deploy_command(view.flags, view.launch), predicted=view.predicted,
+                plain_command=serve_command(view.flags))
+
+
+def deploy_command(flags: Mapping[str, Any], launch: Mapping[str, Any] | None) -> str:
+    """The command as it was launched and measured (prefix, arguments, environment
+    exactly), or, for a simulated config, ``vllm serve`` with its flags."""
+    if launch and launch.get("argv"):
+        from autotune.flags import command_line
+
+        return command_line(list(launch["argv"]), dict(launch.get("env") or {}))
+    return serve_command(flags)
 
 
 def cap_with_headroom(rate: float | None, headroom: float = DEFAULT_HEADROOM) -> float | None:
@@ -217,8 +242,16 @@ def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
         "baseline_attainment": baseline.attainment, "baseline_status": baseline.status,
         "baseline_reason": baseline.reason,
     }
-    if baseline.feasible and baseline.value:
+    same = json.dumps({k: v for k, v in sorted(best.flags.items()) if k not in CLIENT_PARAMS},
+                      sort_keys=True, default=str) == baseline.config_key
+    if same:
+        out["same_config"] = True
+        out["objective_ratio"] = 1.0
+        out["note"] = ("vLLM's defaults were already the best config found: the "
+                       "recommendation is the baseline itself, at its own ceiling")
+    elif baseline.feasible and baseline.value:
         out["objective_ratio"] = best.value / baseline.value
+        out["compared"] = "each config at its own ceiling"
     else:
         out["objective_ratio"] = None
         out["note"] = (f"the vLLM-defaults baseline did not meet the SLO at "
@@ -404,13 +437,13 @@ def to_markdown(rec: Recommendation) -> str:
                 f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
     if rec.table:
         lines += ["", "## The recommended config across rates", "", rec.table_how, "",
-                  "| rate (req/s) | output tok/s | P99 e2e (s) | GPU util | overloaded |",
+                  "| rate (req/s) | output tok/s | P99 e2e (s) | GPU util | verdict |",
                   "| --- | --- | --- | --- | --- |"]
         for row in rec.table:
             lines.append(
                 f"| {_num(row['rate'], '.1f')} | {_num(row['output_throughput'])} | "
                 f"{_num(row['p99_e2e_s'], '.1f')} | {_num(row.get('gpu_util_pct'), '.0f')}% | "
-                f"{row['overloaded']} |")
+                f"{row['verdict']} |")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
     lines += ["", f"Trials: {counts}."]
     for note in rec.notes:
@@ -421,13 +454,16 @@ def to_markdown(rec: Recommendation) -> str:
 def table_row(rate: float, *, output_throughput: float | None, p99_e2e_s: float | None,
               gpu_util_pct: float | None, feasible: bool, pruned_by: str | None,
               measured: bool) -> dict[str, Any]:
-    """One row of the seed-style table; ``overloaded`` says how it was judged."""
+    """One row of the seed-style table: ``verdict`` is the load test's steady-state
+    verdict (pass, fail, or inconclusive via ``pruned_by``)."""
     if feasible:
-        over = "no"
+        verdict = "pass"
+    elif pruned_by == "inconclusive":
+        verdict = "inconclusive"
     elif pruned_by:
-        over = f"yes (pruned: {pruned_by})"
+        verdict = f"fail (pruned: {pruned_by})"
     else:
-        over = "yes (SLO missed)"
+        verdict = "fail (SLO missed)"
     return {"rate": rate, "output_throughput": output_throughput, "p99_e2e_s": p99_e2e_s,
-            "gpu_util_pct": gpu_util_pct, "overloaded": over,
+            "gpu_util_pct": gpu_util_pct, "verdict": verdict,
             "source": "measured" if measured else "simulated"}

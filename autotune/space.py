@@ -296,6 +296,33 @@ class SearchSpace:
                 out.append(Violation(name, msg))
         return out
 
+    def for_configs(self, *, gpus: int | None, attention_heads: int | None = None
+                    ) -> SearchSpace:
+        """The space a trial samples: server parameters only (each trial searches its
+        own rate), and no tensor-parallel size that a rule forbids on ``gpus`` GPUs, so
+        no sample is spent on a config that can never launch."""
+        from dataclasses import replace
+
+        params = {k: v for k, v in self.params.items() if k != "request_rate"}
+        tp = params.get("tensor_parallel_size")
+        if tp is not None:
+            ctx = RuleContext(gpus=gpus, attention_heads=attention_heads or self.attention_heads)
+            tp_rules = [RULES[r] for r in self.rules if r in ("tp_fits_gpus", "tp_divides_heads")]
+            values = list(tp.choices) if tp.type == "categorical" else tp.grid(points=64)
+            ok = [v for v in values
+                  if all(rule.check({"tensor_parallel_size": v}, ctx) is None
+                         for rule in tp_rules)]
+            if not ok:
+                raise SpaceError(f"{self.path or self.name}: no tensor_parallel_size in "
+                                 f"{values} fits {gpus} GPUs and {ctx.attention_heads} "
+                                 "attention heads: widen the choices or pass --gpus")
+            if ok != values or tp.type != "categorical":
+                params["tensor_parallel_size"] = Param("tensor_parallel_size", "categorical",
+                                                       choices=tuple(ok))
+        baseline = {k: v for k, v in self.baseline.items()
+                    if k in params and params[k].contains(v)}
+        return replace(self, params=params, baseline=baseline)
+
     def baseline_params(self) -> dict[str, Any]:
         """The vLLM-defaults trial; parameters it leaves out take their range's middle."""
         out = {}
@@ -397,28 +424,16 @@ def resolve(path_or_name: str | Path) -> Path:
 
 def vllm_args(flags: Mapping[str, Any]) -> list[str]:
     """``{'max_num_seqs': 128, 'enable_chunked_prefill': False}`` ->
-    ``['--max-num-seqs', '128', '--no-enable-chunked-prefill']`` (model excluded)."""
-    out: list[str] = []
-    for key, value in flags.items():
-        if key == "model" or value is None:
-            continue
-        opt = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            out.append(opt if value else "--no-" + key.replace("_", "-"))
-        else:
-            out += [opt, _fmt(value)]
-    return out
+    ``['--max-num-seqs', '128', '--no-enable-chunked-prefill']`` (model excluded);
+    :func:`autotune.flags.config_to_argv`, the one renderer."""
+    from autotune.flags import config_to_argv
 
-
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
+    return config_to_argv(flags)
 
 
 def serve_command(flags: Mapping[str, Any], *, port: int | None = None) -> str:
     """The ``vllm serve MODEL ...`` line a user runs to deploy ``flags``."""
-    parts = ["vllm", "serve", str(flags.get("model", "MODEL"))] + vllm_args(flags)
-    if port is not None:
-        parts += ["--port", str(port)]
-    return " ".join(parts)
+    from autotune.flags import command_line, serve_argv
+
+    argv = serve_argv(flags) + (["--port", str(port)] if port is not None else [])
+    return command_line(argv)

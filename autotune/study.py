@@ -18,14 +18,14 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.pruning import OverloadPruner, PrunerSettings
+from autotune.pruning import PrunerSettings
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
 from autotune.trial import (
@@ -35,8 +35,9 @@ from autotune.trial import (
     LoadPlan,
     TrialFailed,
     TrialResult,
-    evaluate,
+    write_records,
 )
+from autotune.verdict import SteadyState
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 OBJECTIVES = ("tokens", "requests")
@@ -65,6 +66,13 @@ class StudySettings:
     prune: bool = True
     pruner: PrunerSettings = field(default_factory=PrunerSettings)
     attention_heads: int | None = None
+    # The per-config ceiling search of each trial.
+    tol: float = 0.03
+    max_probes: int = 8
+    headroom: float = 0.10
+    # Start each rate search at the rate needed to beat the best so far, and stop a
+    # config that fails there (False: every config's full ceiling, like a sweep).
+    beat_incumbent: bool = True
 
     @property
     def out_dir(self) -> Path:
@@ -145,8 +153,11 @@ def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
 
 
 def open_study(settings: StudySettings, storage: optuna.storages.BaseStorage,
-               pruner: optuna.pruners.BasePruner | None) -> optuna.Study:
-    sampler = make_sampler(settings.sampler, seed=settings.seed, space=settings.space)
+               pruner: optuna.pruners.BasePruner | None, *,
+               space: SearchSpace | None = None) -> optuna.Study:
+    """``space``: what the sampler proposes (default: the settings' whole space)."""
+    sampler = make_sampler(settings.sampler, seed=settings.seed,
+                           space=space or settings.space)
     study = optuna.create_study(
         study_name=settings.name, storage=storage, sampler=sampler,
         pruner=pruner or optuna.pruners.NopPruner(), direction="maximize",
@@ -294,59 +305,169 @@ def rows_from_study(study: optuna.Study, space: SearchSpace) -> list[TrialRow]:
     return rows
 
 
+BELOW_INCUMBENT = "below_incumbent"
+
+
 class Objective:
-    """``study.optimize`` calls this once per trial."""
+    """``study.optimize`` calls this once per trial: one config, one server start, and
+    that config's safe ceiling searched on the running server.
+
+    The first probe runs at the rate this config needs to beat the best goodput so far
+    (beat-the-incumbent): a config that fails there cannot win and is pruned after that
+    one probe (reason ``below_incumbent``).  Otherwise the search brackets upward and
+    bisects to ``settings.tol``; the trial's value is the goodput at the confirmed
+    ceiling and its constraints are the SLO margins there.  The first trials, with no
+    incumbent, start at the pre-screen's predicted ceiling or after a saturation probe.
+    """
 
     def __init__(self, settings: StudySettings, backend: Backend, plan: LoadPlan,
-                 pruner: OverloadPruner | None,
+                 pruner: Any = None,
                  on_result: Callable[[int, TrialResult | None, list[Violation]], None]
-                 | None = None) -> None:
+                 | None = None,
+                 on_probe: Callable[[int, Any], None] | None = None) -> None:
         self.s = settings
         self.backend = backend
-        self.plan = plan
-        self.pruner = pruner
+        self.plan = plan if plan.steady is not None else replace(plan, steady=SteadyState())
         self.on_result = on_result
+        self.on_probe = on_probe
         self.load_test_s = 0.0
         self.saved_s = 0.0
+        self.space = settings.space.for_configs(gpus=settings.gpus,
+                                                attention_heads=settings.attention_heads)
+        self.rates = rate_bounds(settings.space)
 
     def __call__(self, trial: optuna.Trial) -> float:
         trial.storage.set_trial_system_attr(trial._trial_id, "autotune:pid", os.getpid())
         trial.storage.set_trial_system_attr(trial._trial_id, "autotune:host",
                                             socket.gethostname())
-        params = self.s.space.suggest(trial)
+        params = self.space.suggest(trial)
         if not self.backend.restartable:
             params = {k: v for k, v in params.items() if k in CLIENT_PARAMS}
         flags = self.s.space.server_flags(params)
-        rate = float(params.get("request_rate", self.plan_rate_default()))
         violations = self.s.space.violations(params, gpus=self.s.gpus,
                                              attention_heads=self.s.attention_heads)
         if violations and self.backend.restartable:
-            return self._rule_broken(trial, flags, rate, violations)
-        result = evaluate(self.backend, flags, rate, self.plan, pruner=self.pruner,
-                          trial=trial, out_dir=self.s.out_dir)
-        self.load_test_s += result.load_test_s
-        if result.status == PRUNED:
-            self.saved_s += max(result.planned_s - result.load_test_s, 0.0)
-        self._store(trial, result)
+            return self._rule_broken(trial, flags, violations)
+        twin = _same_config(trial.study, trial.number, params)
+        if twin is not None:
+            return self._repeat(trial, twin)
+        outcome = self.search(trial, flags)
+        result = outcome.result
+        if outcome.pruned:
+            result.status, result.reason = PRUNED, BELOW_INCUMBENT
+            result.detail = outcome.ceiling.sentence() if outcome.ceiling else None
+        self._store(trial, outcome)
         if self.on_result is not None:
             self.on_result(trial.number, result, [])
-        if result.status == PRUNED:
-            raise optuna.TrialPruned(result.detail or result.reason or "pruned")
-        if result.summary is None:
-            return 0.0
-        value = (result.summary.goodput_tokens if self.s.objective == "tokens"
-                 else result.summary.goodput_requests)
-        return value / max(result.gpus, 1) if self.s.per_gpu else value
+        if outcome.pruned:
+            raise optuna.TrialPruned(f"{BELOW_INCUMBENT}: {outcome.ceiling.sentence()}")
+        return outcome.value
 
-    def plan_rate_default(self) -> float:
-        return 1.0
+    # -- the rate search of one config ------------------------------------------------
+    def start_rate(self, trial: optuna.Trial, flags: Mapping[str, Any]
+                   ) -> tuple[float | None, bool, str, float | None]:
+        """(first rate, must it pass, why, lowest rate worth trying).
 
-    def _rule_broken(self, trial: optuna.Trial, flags: dict[str, Any], rate: float,
+        The rate needed to beat the incumbent, which must pass; or, when the pre-screen
+        predicts a ceiling above that, the prediction, bracketing down no lower than the
+        incumbent's rate; or, with neither, None: a saturation probe first."""
+        best = incumbent(trial.study) if self.s.beat_incumbent else None
+        gpus = self.backend.gpus_used(flags)
+        predicted = (trial.user_attrs.get("predicted") or {}).get("ceiling_rate")
+        need: float | None = None
+        if best is not None and best > 0:
+            scale = gpus if self.s.per_gpu else 1
+            per_req = 1.0 if self.s.objective == "requests" else self.plan.mean_output_tokens()
+            if per_req > 0:
+                need = best * scale / per_req
+        if predicted and (need is None or float(predicted) > need):
+            why = "the pre-screen's predicted ceiling"
+            if need is not None:
+                why += f" (above the {need:.4g} req/s that beats the incumbent)"
+            return float(predicted), False, why, need
+        if need is not None:
+            return need, True, (f"beat the incumbent: {best:,.4g} "
+                                f"{'req/s' if self.s.objective == 'requests' else 'tok/s'}"
+                                f" needs {need:.4g} req/s"), None
+        return None, False, "a saturation probe (no incumbent yet)", None
+
+    def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
+        from autotune.ceiling import BackendProbe, CeilingError, find_ceiling
+
+        start, must_pass, why, floor = self.start_rate(trial, flags)
+        plan = self.plan
+        pool = list(plan.warmup_requests) + list(plan.requests)
+        probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
+                             seed=plan.seed, window_s=plan.window_s,
+                             request_timeout_s=plan.request_timeout_s, steady=plan.steady)
+        low, high = self.rates or (None, None)
+        if floor is not None:
+            low = max(low or floor, floor)
+        before = self.backend.server_s
+        on_probe = None if self.on_probe is None else (
+            lambda p: self.on_probe(trial.number, p))  # type: ignore[misc]
+        try:
+            ceiling = find_ceiling(
+                probe, slo=plan.slo, start_rate=start, tol=self.s.tol,
+                max_probes=self.s.max_probes, num_prompts=max(len(plan.requests), 1),
+                max_num_prompts=max(len(plan.requests), 2400), headroom=self.s.headroom,
+                min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe)
+        except (CeilingError, TrialFailed) as exc:
+            last = probe.results[-1] if probe.results else None
+            result = last if last is not None else TrialResult(
+                flags=dict(flags), rate=start or 0.0, status=INFEASIBLE,
+                mode=self.backend.mode, backend=self.backend.name,
+                gpus=self.backend.gpus_used(flags))
+            if result.status != INFEASIBLE or result.reason is None:
+                result.status, result.reason, result.detail = INFEASIBLE, "failed", str(exc)
+            return ConfigOutcome(result, None, 0.0, False, why,
+                                 self.backend.server_s - before)
+        self.load_test_s += sum(r.load_test_s for r in probe.results)
+        at = ceiling.feasible_probe()
+        if at is not None:
+            result = probe.results[at.index]
+        else:
+            # No rate passed: the lowest rate's test says why.
+            low_probe = min(ceiling.probes, key=lambda p: (p.rate, -p.index))
+            result = probe.results[low_probe.index]
+        if result.records:
+            result.records_path = str(write_records(self.s.out_dir, trial.number,
+                                                    result.records))
+        value = result.goodput(self.s.objective, self.s.per_gpu) if at is not None else 0.0
+        return ConfigOutcome(result, ceiling, value, ceiling.below_start, why,
+                             self.backend.server_s - before, self._launch(probe.results))
+
+    def _launch(self, results: Sequence[TrialResult]) -> dict[str, Any] | None:
+        """The argv and environment the config's server was started with."""
+        for r in results:
+            argv = (r.startup or {}).get("argv")
+            if argv:
+                env = getattr(getattr(self.backend, "server", None), "env", None) or {}
+                return {"argv": list(argv), "env": dict(env)}
+        return None
+
+    def _repeat(self, trial: optuna.Trial, twin: FrozenTrial) -> float:
+        """A config the study already searched (a sampler may propose it again): its
+        answer stands, and no server time is spent on it twice."""
+        attrs = dict(twin.user_attrs.get("result") or {})
+        attrs["repeat_of"] = twin.number
+        attrs["server_s"] = 0.0
+        trial.set_user_attr("result", attrs)
+        for key in ("status", "reason", "feasible", "p99_e2e_s", "goodput_tokens"):
+            if key in twin.user_attrs:
+                trial.set_user_attr(key, twin.user_attrs[key])
+        for key, value in (twin.constraints or {}).items():
+            trial.set_constraint(key, value)
+        if twin.state == TrialState.PRUNED:
+            raise optuna.TrialPruned(f"same config as trial {twin.number}")
+        return float(twin.value or 0.0)
+
+    def _rule_broken(self, trial: optuna.Trial, flags: dict[str, Any],
                      violations: list[Violation]) -> float:
         first = violations[0]
         trial.set_user_attr("result", {
             "status": INFEASIBLE, "feasible": False, "reason": first.rule,
-            "detail": "; ".join(str(v) for v in violations), "flags": flags, "rate": rate,
+            "detail": "; ".join(str(v) for v in violations), "flags": flags, "rate": None,
             "rules": [v.rule for v in violations], "launched": False,
         })
         trial.set_user_attr("status", INFEASIBLE)
@@ -357,23 +478,89 @@ class Objective:
             self.on_result(trial.number, None, violations)
         return 0.0
 
-    def _store(self, trial: optuna.Trial, result: TrialResult) -> None:
+    def _store(self, trial: optuna.Trial, outcome: ConfigOutcome) -> None:
+        result = outcome.result
         attrs = result.to_attrs()
         attrs["launched"] = True
+        ceiling = outcome.ceiling
+        if ceiling is not None:
+            brief = ceiling.to_dict()
+            for p in brief["probes"]:
+                p.pop("summary", None)
+            attrs["ceiling"] = _json_safe(brief)
+            attrs["rate_cap"] = ceiling.recommended_cap
+        attrs["start"] = outcome.start_how
+        attrs["launch"] = outcome.launch
+        attrs["server_s"] = outcome.server_s
         trial.set_user_attr("result", attrs)
-        trial.set_user_attr("status", result.status)
-        trial.set_user_attr("reason", result.reason)
-        trial.set_user_attr("feasible", result.feasible)
+        trial.set_user_attr("status", attrs["status"])
+        trial.set_user_attr("reason", attrs["reason"])
+        trial.set_user_attr("feasible", attrs["feasible"])
         if result.summary is not None:
             trial.set_user_attr("p99_e2e_s", _f(result.summary.e2e.p99))
-            trial.set_user_attr("goodput_tokens", _f(result.summary.goodput_tokens))
+            trial.set_user_attr("goodput_tokens", _f(
+                result.evidence.goodput_tokens if result.evidence is not None
+                else result.summary.goodput_tokens))
         for key, value in constraints_for(result, self.s.slo).items():
             trial.set_constraint(key, value)
-        _append_experiment(self.s, trial.number, result)
+        for probe_result in ([result] if ceiling is None else []):
+            _append_experiment(self.s, trial.number, probe_result)
+        if ceiling is not None:
+            for p in ceiling.probes:
+                if p.summary is not None:
+                    _append_probe(self.s, trial.number, result, p)
+
+
+@dataclass
+class ConfigOutcome:
+    """What one trial found for its config."""
+
+    result: TrialResult  # the test at the ceiling (or the one that said why not)
+    ceiling: Any  # autotune.ceiling.CeilingResult, None when no probe could run
+    value: float
+    pruned: bool  # below the incumbent's rate
+    start_how: str
+    server_s: float
+    launch: dict[str, Any] | None = None
+
+
+def _same_config(study: optuna.Study, number: int, params: Mapping[str, Any]
+                 ) -> FrozenTrial | None:
+    """A finished, launched trial of exactly these parameters, if any."""
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
+                                                      TrialState.PRUNED)):
+        res = t.user_attrs.get("result") or {}
+        if t.number != number and res.get("launched") and dict(t.params) == dict(params):
+            return t
+    return None
+
+
+def incumbent(study: optuna.Study) -> float | None:
+    """The best objective value of a feasible finished trial so far."""
+    best: float | None = None
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        if t.user_attrs.get("feasible") and t.value is not None and (
+                best is None or t.value > best):
+            best = float(t.value)
+    return best
 
 
 def _f(x: float) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else float(x)
+
+
+def _append_probe(settings: StudySettings, number: int, result: TrialResult, probe: Any
+                  ) -> None:
+    """One row per load test of the trial's ceiling search."""
+    from autotune.experiments import append_experiment, row_from_summary
+
+    row = row_from_summary(
+        probe.summary.to_dict(), study=settings.name, trial=number, config=result.flags,
+        rate=probe.rate, backend=result.backend,
+        gpu={"util_mean_pct": None if probe.gpu_util is None else 100.0 * probe.gpu_util,
+             "util_max_pct": None},
+        pruned_reason=None if probe.passed else probe.verdict)
+    append_experiment(settings.out_dir / "experiments.csv", row)
 
 
 def _append_experiment(settings: StudySettings, number: int, result: TrialResult) -> None:
@@ -419,22 +606,23 @@ def run_study(
     enqueue: Sequence[tuple[dict[str, Any], dict[str, Any]]] = (),
     on_result: Callable[[int, TrialResult | None, list[Violation]], None] | None = None,
     on_trial_end: Callable[[optuna.Study, FrozenTrial], None] | None = None,
+    on_probe: Callable[[int, Any], None] | None = None,
 ) -> StudyRun:
     """Create or resume the study and run trials until n_trials/timeout/budget."""
     validate_name(settings.name)
     storage = storage or open_storage(storage_url(settings.name, settings.storage,
                                                   settings.studies_dir))
-    pruner = OverloadPruner(settings.slo, settings.pruner) if settings.prune else None
-    study = open_study(settings, storage, pruner)
+    objective = Objective(settings, backend, plan, None, on_result, on_probe)
+    study = open_study(settings, storage, None, space=objective.space)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     stale = fail_stale_trials(study)
-    enqueue_baseline(study, settings.space)
+    enqueue_baseline(study, objective.space)
     queued = {repr(sorted(t.params.items())) for t in
               study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
     for params, attrs in enqueue:
+        params = {k: v for k, v in params.items() if k in objective.space.params}
         if repr(sorted(params.items())) not in queued:
             study.enqueue_trial(params, user_attrs=attrs)
-    objective = Objective(settings, backend, plan, pruner, on_result)
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     finished = len(study.get_trials(deepcopy=False, states=done_states))
     remaining = None if settings.n_trials is None else max(settings.n_trials - finished, 0)
@@ -470,31 +658,6 @@ def run_study(
 # ----------------------------------------------------------------------------- prescreen
 
 
-def predicted_ceiling(backend: Backend, flags: Mapping[str, Any], plan: LoadPlan, *,
-                      low: float, high: float, steps: int = 6) -> tuple[float | None,
-                                                                         TrialResult | None]:
-    """Highest feasible rate in [low, high] by bisection on (usually) the simulator."""
-    from autotune.trial import probe
-
-    best: tuple[float | None, TrialResult | None] = (None, None)
-    res = probe(backend, flags, low, plan)
-    if not res.feasible:
-        return best
-    best = (low, res)
-    res = probe(backend, flags, high, plan)
-    if res.feasible:
-        return (high, res)
-    lo, hi = low, high
-    for _ in range(steps):
-        mid = math.sqrt(lo * hi)
-        res = probe(backend, flags, mid, plan)
-        if res.feasible:
-            lo, best = mid, (mid, res)
-        else:
-            hi = mid
-    return best
-
-
 def rate_bounds(space: SearchSpace) -> tuple[float, float] | None:
     """Lowest and highest rate cap the space can try (None: it has no request_rate)."""
     p = space.params.get("request_rate")
@@ -506,53 +669,34 @@ def rate_bounds(space: SearchSpace) -> tuple[float, float] | None:
     return float(p.low), float(p.high)
 
 
-def snap_rate(space: SearchSpace, rate: float) -> float:
-    """A rate the space's ``request_rate`` parameter can take, at or below ``rate``."""
-    p = space.params.get("request_rate")
-    if p is None:
-        return rate
-    if p.type == "categorical":
-        values = sorted(float(v) for v in p.choices)
-        return max((v for v in values if v <= rate), default=values[0])
-    rate = min(max(rate, float(p.low)), float(p.high))
-    if p.step:
-        rate = float(p.low) + math.floor((rate - float(p.low)) / p.step + 1e-9) * p.step
-        rate = round(rate, 10)
-    return rate
-
-
-def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, backend: Backend,
-                      plan: LoadPlan, *, top_k: int = 3) -> list[tuple[dict[str, Any],
-                                                                        dict[str, Any]]]:
-    """Top-K predicted configs, each with its predicted ceiling as the first rate."""
+def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, *, top_k: int = 3
+                      ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """The pre-screen's top-K configs, each with its predicted ceiling (the simulated
+    trial's own rate search) as where the real trial's search starts."""
+    out: list[tuple[dict[str, Any], dict[str, Any]]] = []
     seen: set[str] = set()
-    picks: list[TrialRow] = []
     for row in sorted((r for r in rows if r.feasible and r.value is not None),
-                      key=lambda r: -(r.value or 0.0)):
-        key = repr(sorted((k, v) for k, v in row.params.items() if k not in CLIENT_PARAMS))
-        if key not in seen:
-            seen.add(key)
-            picks.append(row)
-        if len(picks) >= top_k:
-            break
-    low, high = rate_bounds(space) or (1.0, 64.0)
-    out = []
-    for row in picks:
-        flags = space.server_flags(row.params)
-        ceiling, res = predicted_ceiling(backend, flags, plan, low=low, high=high)
-        rate = snap_rate(space, ceiling if ceiling is not None else float(row.rate or low))
-        params = dict(row.params, request_rate=rate)
-        s = res.summary if res is not None else None
+                      key=lambda r: (-(r.value or 0.0), r.number)):
+        params = {k: v for k, v in row.params.items() if k not in CLIENT_PARAMS}
+        key = repr(sorted(params.items()))
+        if key in seen:
+            continue
+        seen.add(key)
+        res = row.attrs.get("result") or {}
+        ev = res.get("evidence") or {}
+        summ = res.get("summary") or {}
         predicted = {
             "source": "simulated (virtual time)",
             "prescreen_trial": row.number,
-            "ceiling_rate": ceiling,
-            "goodput_tokens": None if s is None else _f(s.goodput_tokens),
-            "goodput_requests": None if s is None else _f(s.goodput_requests),
-            "p99_e2e_s": None if s is None else _f(s.e2e.p99),
-            "output_throughput": None if s is None else _f(s.output_throughput),
+            "ceiling_rate": row.rate,
+            "goodput_tokens": ev.get("goodput_tokens"),
+            "goodput_requests": ev.get("goodput_requests"),
+            "p99_e2e_s": (summ.get("e2e") or {}).get("p99"),
+            "output_throughput": summ.get("output_throughput"),
         }
         out.append((params, {"predicted": predicted}))
+        if len(out) >= top_k:
+            break
     return out
 
 

@@ -31,6 +31,7 @@ from autotune.metrics import Summary, summarize
 from autotune.pruning import OverloadPruner, PruneDecision, Window, window_evidence
 from autotune.records import RequestRecord
 from autotune.slo import SLO, SLOCheck
+from autotune.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, SteadyState, judge
 from autotune.workload import Request
 
 if TYPE_CHECKING:
@@ -53,12 +54,31 @@ class LoadPlan:
     window_s: float = 1.0
     request_timeout_s: float = 600.0
     max_concurrency: int | None = None
+    # Steady-state sizing and stop rule (autotune.verdict); None: a fixed-count test of
+    # ``requests`` judged on its SLO check alone (kept for what-if sweeps and old tests).
+    steady: SteadyState | None = None
+
+    def measured_for(self, rate: float) -> list[Request]:
+        """The measured requests a test at ``rate`` plans: the pool itself, or, when the
+        test is sized by time, as many as its cap's duration needs (cycling the pool)."""
+        if self.steady is None or not self.requests:
+            return list(self.requests)
+        n = self.steady.arrivals_for(self.slo, rate)
+        pool = self.requests
+        return [pool[i % len(pool)] for i in range(n)]
 
     def planned_span_s(self, rate: float) -> float:
         """When the last measured request is scheduled (from the first)."""
-        off = arrival_offsets(self.warmup + len(self.requests), rate, process=self.process,  # type: ignore[arg-type]
+        n = len(self.measured_for(rate))
+        off = arrival_offsets(self.warmup + n, rate, process=self.process,  # type: ignore[arg-type]
                               burstiness=self.burstiness, seed=self.seed)
         return float(off[-1] - off[self.warmup]) if len(off) else 0.0
+
+    def mean_output_tokens(self) -> float:
+        """Mean requested output tokens of the measured pool (goodput tok/s per req/s)."""
+        if not self.requests:
+            return 0.0
+        return sum(r.output_tokens for r in self.requests) / len(self.requests)
 
 
 @dataclass
@@ -139,21 +159,38 @@ class TrialResult:
     windows: list[Window] = field(default_factory=list)
     gpus: int = 1
     records: list[RequestRecord] = field(default_factory=list, repr=False)
+    # The steady-state verdict (plans sized by time); None for a fixed-count test.
+    evidence: Evidence | None = None
 
     @property
     def check(self) -> SLOCheck | None:
         return None if self.summary is None else self.summary.slo_check
 
     @property
+    def verdict(self) -> str:
+        """pass / fail / inconclusive; a fixed-count test has only its SLO check."""
+        if self.status != COMPLETE or self.summary is None:
+            return FAIL
+        if self.evidence is not None:
+            return self.evidence.verdict
+        return PASS if self.check is not None and self.check.met else FAIL
+
+    @property
     def feasible(self) -> bool:
-        return self.status == COMPLETE and self.check is not None and self.check.met
+        return self.verdict == PASS
 
     def goodput(self, objective: str = "tokens", per_gpu: bool = False) -> float:
-        """The objective value: goodput in output tok/s (or req/s); 0 when infeasible."""
+        """The objective value: goodput in output tok/s (or req/s); 0 when infeasible.
+        Sized-by-time tests give the steady-state goodput (good requests per second of
+        judged arrivals), which a drain cannot bias."""
         if self.summary is None or not self.feasible:
             return 0.0
-        value = (self.summary.goodput_tokens if objective == "tokens"
-                 else self.summary.goodput_requests)
+        if self.evidence is not None:
+            value = (self.evidence.goodput_tokens if objective == "tokens"
+                     else self.evidence.goodput_requests)
+        else:
+            value = (self.summary.goodput_tokens if objective == "tokens"
+                     else self.summary.goodput_requests)
         return value / max(self.gpus, 1) if per_gpu else value
 
     def gpu_util(self) -> float | None:
@@ -183,6 +220,8 @@ class TrialResult:
             "load_test_s": self.load_test_s,
             "planned_s": self.planned_s,
             "windows": [[w.t_s, w.in_flight, w.finished] for w in self.windows],
+            "verdict": self.verdict,
+            "evidence": None if self.evidence is None else self.evidence.to_dict(),
         })
 
 
@@ -240,6 +279,61 @@ class _Feed:
         return bool(self.trial.should_prune())
 
 
+class _SteadyFeed:
+    """The per-window stop rule of a load test sized by time: judge the evidence every
+    ``check_every_s`` and stop once the verdict is certain (pass after the minimum
+    duration, fail at any time) or the cap's duration is reached."""
+
+    def __init__(self, plan: LoadPlan, rate: float, planned: int) -> None:
+        assert plan.steady is not None
+        self.plan = plan
+        self.rule = plan.steady
+        self.rate = rate
+        self.planned = planned
+        self.max_s = self.rule.max_s(plan.slo, rate)
+        self.t0: float | None = None
+        self.next_check = 0.0
+        self.evidence: Evidence | None = None
+        self.stopped_at: float | None = None
+        self.windows: list[Window] = []
+        self.on_evidence: Callable[[Evidence], None] | None = None
+
+    def __call__(self, now: float, records: Sequence[RequestRecord]) -> bool:
+        measured = [r for r in records if not r.warmup]
+        if not measured:
+            return False
+        if self.t0 is None:
+            self.t0 = min(r.scheduled_s for r in measured)
+        elapsed = now - self.t0
+        self.windows.append(window_evidence(now, measured, self.plan.slo,
+                                            planned=self.planned, t0=self.t0))
+        if elapsed < self.next_check and elapsed < self.max_s:
+            return False
+        self.next_check = elapsed + self.rule.check_every_s
+        ev = judge(measured, slo=self.plan.slo, offered_rate=self.rate, now=now,
+                   rule=self.rule, planned=self.planned)
+        self.evidence = ev
+        if self.on_evidence is not None:
+            self.on_evidence(ev)
+        if ev.verdict != INCONCLUSIVE or ev.at_s >= self.max_s:
+            self.stopped_at = now
+            return True
+        return False
+
+
+def _judged(records: Sequence[RequestRecord], cutoff: float) -> list[RequestRecord]:
+    """The cohort a stopped test is judged on; what was still in flight in it is older
+    than every limit, so it is late, not an error of the server."""
+    out = []
+    for r in records:
+        if r.warmup or r.scheduled_s > cutoff:
+            continue
+        if r.error is not None and r.error.startswith("aborted"):
+            r.error = "late: still in flight, past every limit, when the test stopped"
+        out.append(r)
+    return out
+
+
 def _late(r: RequestRecord, slo: SLO) -> bool:
     for lim in slo.limits:
         if lim.metric == "itl":
@@ -259,8 +353,14 @@ def evaluate(
     pruner: OverloadPruner | None = None,
     trial: Any | None = None,
     out_dir: Path | None = None,
+    on_evidence: Callable[[Evidence], None] | None = None,
 ) -> TrialResult:
-    """Start (or reuse) the server, load-test at ``rate``, summarize, classify."""
+    """Start (or reuse) the server, load-test at ``rate``, summarize, classify.
+
+    With ``plan.steady`` the test is sized by time and ends when its steady-state
+    verdict is certain (``on_evidence`` sees each judgement, for progress lines); the
+    summary then covers the judged cohort.  Without it, a fixed-count test with the
+    overload pruner."""
     flags = dict(flags)
     number = None if trial is None else trial.number
     result = TrialResult(flags=flags, rate=rate, status=INFEASIBLE, mode=backend.mode,
@@ -273,7 +373,13 @@ def evaluate(
         result.reason, result.detail, result.log_path = exc.reason, exc.detail, exc.log_path
         return result
     result.log_path = (result.startup or {}).get("log_path")
-    feed = _Feed(plan, pruner, trial, report_every=10 if backend.mode == "virtual" else 1)
+    steady: _SteadyFeed | None = None
+    feed: _Feed | _SteadyFeed
+    if plan.steady is not None:
+        steady = feed = _SteadyFeed(plan, rate, len(plan.measured_for(rate)))
+        steady.on_evidence = on_evidence
+    else:
+        feed = _Feed(plan, pruner, trial, report_every=10 if backend.mode == "virtual" else 1)
     try:
         run = backend.load_test(rate, plan, feed)
     except TrialFailed as exc:
@@ -290,12 +396,22 @@ def evaluate(
     result.records = run.records
     result.load_test_s = run.load_test_s
     result.telemetry = run.telemetry
-    result.summary = summarize(run.records, slo=plan.slo, offered_rate=rate,
+    judged: Sequence[RequestRecord] = run.records
+    if steady is not None:
+        judged, result.evidence = _final_evidence(steady, run, plan, rate)
+    result.summary = summarize(judged, slo=plan.slo, offered_rate=rate,
                                source=backend.source)
     if out_dir is not None and number is not None:
         result.records_path = str(write_records(out_dir, number, run.records))
     if run.crashed:
         result.reason, result.detail = "crashed", run.crashed
+        return result
+    if steady is not None:
+        result.status = COMPLETE
+        ev = result.evidence
+        if ev is not None and ev.verdict != PASS:
+            result.reason = "slo_missed" if ev.verdict == FAIL else INCONCLUSIVE
+            result.detail = "; ".join(ev.reasons)
         return result
     if decision is not None and run.aborted:
         result.status, result.prune = PRUNED, decision
@@ -309,6 +425,23 @@ def evaluate(
             f"{k} {check.observed_s[k]:.3g}s" if math.isfinite(check.observed_s[k])
             else f"{k} inf (failures)" for k in check.failed)
     return result
+
+
+def _final_evidence(feed: _SteadyFeed, run: LoadRun, plan: LoadPlan, rate: float
+                    ) -> tuple[list[RequestRecord], Evidence]:
+    """The verdict a test ended on: the stop rule's, or (arrivals ran out first) a
+    last judgement over everything that finished."""
+    from autotune.verdict import horizon
+
+    if feed.stopped_at is not None and feed.evidence is not None:
+        cutoff = feed.stopped_at - horizon(plan.slo)
+        return _judged(run.records, cutoff), feed.evidence
+    assert plan.steady is not None
+    ends = [r.end_s for r in run.records if r.end_s is not None]
+    now = max(ends) if ends else 0.0
+    ev = judge(run.records, slo=plan.slo, offered_rate=rate, now=now, rule=plan.steady,
+               planned=feed.planned, final=True)
+    return _judged(run.records, math.inf), ev
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord)
@@ -430,7 +563,7 @@ class SimBackend(Backend):
         n_warm = plan.warmup
         pool = plan.warmup_requests or plan.requests
         warm = [pool[i % len(pool)] for i in range(n_warm)]
-        reqs = warm + list(plan.requests)
+        reqs = warm + plan.measured_for(rate)
         arrivals = arrival_offsets(len(reqs), rate, process=plan.process,  # type: ignore[arg-type]
                                    burstiness=plan.burstiness, seed=plan.seed)
         try:
@@ -519,8 +652,8 @@ class ServerBackend(Backend):
         sampler = _nvml_sampler() if self.nvml else None
         t0 = time.monotonic()
         try:
-            res = run_load_test_sync(cfg, plan.requests, warmup_requests=plan.warmup_requests,
-                                     on_window=on_window)
+            res = run_load_test_sync(cfg, plan.measured_for(rate),
+                                     warmup_requests=plan.warmup_requests, on_window=on_window)
         finally:
             gpu = sampler.stop() if sampler is not None else None
             self.server_s += time.monotonic() - t0
@@ -551,35 +684,3 @@ def _nvml_sampler() -> Any:
         return NvmlSampler(interval_s=0.5).start()
     except Exception:  # no NVML, no GPU: telemetry is optional
         return None
-
-
-def ceiling_probe(
-    backend: Backend,
-    flags: Mapping[str, Any],
-    plan: LoadPlan,
-    *,
-    pool: Sequence[Request] | None = None,
-    prune: bool = True,
-) -> Callable[..., Any]:
-    """A ``probe(rate, num_prompts, repeat=0)`` for :func:`autotune.ceiling.find_ceiling`:
-    each call is one load test of ``flags`` on ``backend`` (the server is reused across
-    calls), with ``num_prompts`` measured requests from ``pool`` (default: the plan's) and
-    a new arrival seed per repeat."""
-    from autotune.ceiling import ProbeResult
-
-    requests = list(pool if pool is not None else plan.requests)
-
-    def run(rate: float, num_prompts: int, repeat: int = 0) -> ProbeResult:
-        reqs = [requests[i % len(requests)] for i in range(num_prompts)]
-        sub = dataclasses.replace(plan, requests=reqs, seed=plan.seed + repeat)
-        before = backend.server_s
-        res = probe(backend, flags, rate, sub, prune=prune)
-        if res.summary is None:
-            raise TrialFailed(res.reason or "failed", res.detail or "")
-        util = res.gpu_util()
-        return ProbeResult(summary=res.summary, pruned=res.status == PRUNED,
-                           prune_reason=res.reason if res.status == PRUNED else None,
-                           gpu_util=None if util is None else util / 100.0,
-                           server_s=backend.server_s - before)
-
-    return run

@@ -68,7 +68,9 @@ def search(
         help="tokens (goodput output tok/s) or requests (goodput req/s).")] = "tokens",
     per_gpu: Annotated[bool, typer.Option(
         help="Divide the objective by the GPUs a config uses.")] = False,
-    num_prompts: Annotated[int, typer.Option(help="Measured requests per trial.")] = 1000,
+    num_prompts: Annotated[int, typer.Option(
+        help="Fewest measured requests a load test needs to pass (it is sized by "
+             "time too: --min-duration).")] = 1000,
     warmup: Annotated[int, typer.Option(help="Warm-up requests per trial.")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of workload, arrivals and sampler.")] = 0,
     prescreen: Annotated[str | None, typer.Option(
@@ -93,8 +95,22 @@ def search(
         help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
     ] = None,
     refine_top: Annotated[int, typer.Option(
-        help="After the study, run the ceiling search on this many best configs and "
-             "recommend from their ceilings (0: off).")] = 3,
+        help="After the study, run the ceiling search again on this many best configs "
+             "(each trial already found its config's ceiling; 0: off).")] = 0,
+    min_duration: Annotated[str | None, typer.Option(
+        help="Arrivals of each load test last at least this long before it may pass "
+             "(default max(60s, 6x the largest latency limit)).")] = None,
+    max_duration: Annotated[str | None, typer.Option(
+        help="An inconclusive load test runs on at the same rate up to this long "
+             "(default 3x --min-duration).")] = None,
+    tol: Annotated[float, typer.Option(
+        help="Each trial's rate search stops when its passing and failing rates are "
+             "this close (relative).")] = 0.03,
+    max_probes: Annotated[int, typer.Option(
+        help="Load tests one trial's rate search may run.")] = 8,
+    validate: Annotated[str, typer.Option(
+        help="Run the recommended config at its cap this long before recommending it "
+             "(virtual time on the simulator); 'off' skips it.")] = "5m",
     wandb: Annotated[str | None, typer.Option(
         "--wandb", help="Log every trial to this Weights & Biases project.")] = None,
     mlflow: Annotated[str | None, typer.Option(
@@ -186,6 +202,28 @@ class Plan:
     hardware: str
     sim_model: str
     gpus: int
+    steady: Any = None  # autotune.verdict.SteadyState
+    validate_s: float | None = None
+
+
+def parse_steady(min_duration: str | None, max_duration: str | None, num_prompts: int
+                 ) -> Any:
+    """The steady-state rule of every load test from the CLI's duration options."""
+    from autotune.verdict import SteadyState, VerdictError
+
+    try:
+        return SteadyState(min_duration_s=_duration("--min-duration", min_duration),
+                           max_duration_s=_duration("--max-duration", max_duration),
+                           min_requests=num_prompts)
+    except VerdictError as exc:
+        raise UsageError(f"--min-duration/--max-duration: {exc}") from None
+
+
+def parse_validate(text: str) -> float | None:
+    """'5m' -> 300.0; 'off' or '0' -> None."""
+    if text.strip().lower() in ("off", "0", "no", "none"):
+        return None
+    return _duration("--validate", text)
 
 
 def _validate(o: SimpleNamespace) -> Plan:
@@ -231,6 +269,12 @@ def _validate(o: SimpleNamespace) -> Plan:
         raise UsageError(f"--headroom must be in [0, 1), got {o.headroom}")
     if o.refine_top < 0:
         raise UsageError(f"--refine-top must be 0 (off) or more, got {o.refine_top}")
+    if not 0 < o.tol < 1:
+        raise UsageError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
+    if o.max_probes < 1:
+        raise UsageError(f"--max-probes must be at least 1, got {o.max_probes}")
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts)
+    validate_s = parse_validate(o.validate)
     if not o.startup_timeout > 0:
         raise UsageError(f"--startup-timeout must be more than 0 seconds, got "
                          f"{o.startup_timeout:g}")
@@ -259,14 +303,16 @@ def _validate(o: SimpleNamespace) -> Plan:
     settings = StudySettings(
         name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
         studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
-        seed=o.seed, n_trials=o.n_trials or (60 if backend == "sim" else 20),
+        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
         # The default simulated study must finish in well under two minutes even on a
         # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
         timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
         else 75.0,
-        budget_s=budget_s, prune=not o.no_prune, attention_heads=heads)
+        budget_s=budget_s, prune=not o.no_prune, attention_heads=heads, tol=o.tol,
+        max_probes=o.max_probes, headroom=o.headroom)
     return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
-                settings=settings, hardware=hw, sim_model=sim_model, gpus=count)
+                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
+                steady=steady, validate_s=validate_s)
 
 
 def _check_storage_url(url: str) -> None:
@@ -291,13 +337,13 @@ def _workload(o: SimpleNamespace, plan: Plan) -> Any:
                          max_model_len=mml, seed=o.seed)
 
 
-def _load_plan(slo: Any, wl: Any, warmup: int, seed: int) -> Any:
+def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) -> Any:
     from autotune.trial import LoadPlan
 
     reqs = list(wl.requests)
     n_warm = min(warmup, max(len(reqs) - 1, 0))
     return LoadPlan(slo=slo, requests=reqs[n_warm:], warmup_requests=reqs[:n_warm],
-                    warmup=n_warm, seed=seed, window_s=1.0)
+                    warmup=n_warm, seed=seed, window_s=1.0, steady=steady)
 
 
 def _backend(o: SimpleNamespace, plan: Plan) -> Any:
@@ -381,9 +427,11 @@ class LiveView:
             good = "-" if s is None or not result.feasible else f"{s.goodput_tokens:,.0f}"
             p99 = "-" if s is None or not math.isfinite(s.e2e.p99) else f"{s.e2e.p99:.2f}"
             if result.feasible:
-                verdict = "feasible"
-            elif result.status == "pruned":
+                verdict = "ceiling"
+            elif result.status == "pruned" and result.prune is not None:
                 verdict = f"pruned at {result.prune.at_s:.0f}s: {result.reason}"
+            elif result.status == "pruned" or result.reason == "below_incumbent":
+                verdict = f"below_incumbent: fails the rate that beats the best ({result.rate:.2f})"
             else:
                 verdict = f"infeasible: {result.reason}"
                 if result.detail and result.reason != "slo_missed":
@@ -427,15 +475,20 @@ def _search(o: SimpleNamespace) -> int:
         plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
         plan.settings.space = plan.space
     wl = _workload(o, plan)
-    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed)
+    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
     # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
     # retries (autotune.storage), so `autotune worker`s can share the study.
     storage = open_storage(plan.storage)
     out = console
+    rule = plan.steady
     out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
-              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source}, "
-              f"{len(load_plan.requests)} measured + {load_plan.warmup} warm-up requests "
-              f"per trial, tokens counted with {wl.tokenizer}", soft_wrap=True)
+              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
+              f"({len(load_plan.requests)} requests, cycled), tokens counted with "
+              f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
+              f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
+              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
+              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
+              "its steady-state verdict is certain", soft_wrap=True)
     enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
     if o.prescreen:
         enqueue = _prescreen(o, plan, load_plan, storage, out)
@@ -458,8 +511,9 @@ def _search(o: SimpleNamespace) -> int:
         if plan.backend == "attach":
             rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
                                 "cannot see its flags; keep them and enforce the rate cap)")
-        _rate_table(rec, views, backend, load_plan, plan)
-        _baseline_ceiling(rec, backend, load_plan, plan)
+        if plan.validate_s and rec.rate_cap:
+            _validate_cap(rec, backend, load_plan, plan, out)
+        _rate_table(rec, run.study, backend)
     except rec_mod.RecommendError as exc:
         err_console.print(f"[bold red]no recommendation:[/] {exc}", soft_wrap=True)
         _report(plan, out)  # the trials that ran are still worth a look
@@ -476,11 +530,12 @@ def _search(o: SimpleNamespace) -> int:
     if run.stale_failed:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
+    pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
     rec.notes.append(
         f"this run: {run.new_trials} new trials in {run.wall_s:.1f} s wall, "
-        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}),"
-        f" stopped by {run.stopped_by}; pruning saved about {run.saved_s:.0f} s of "
-        "load-test arrivals")
+        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
+        f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
+        "one load test below the incumbent's rate")
     folder = plan.settings.out_dir
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "recommendation.json", rec.to_dict())
@@ -541,8 +596,8 @@ def _prescreen(o: SimpleNamespace, plan: Plan, load_plan: Any, storage: Any, out
     pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
                   timeout_s=None, budget_s=None)
     run = run_study(pre, sim, load_plan, storage=storage)
-    picks = prescreen_enqueue(rows_from_study(run.study, plan.space), plan.space, sim,
-                              load_plan, top_k=o.top_k)
+    picks = prescreen_enqueue(rows_from_study(run.study, plan.space), plan.space,
+                              top_k=o.top_k)
     out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
               f"measuring the top {len(picks)} configs first, each at its predicted "
               "ceiling", soft_wrap=True)
@@ -564,64 +619,62 @@ def _views(study: Any) -> list[Any]:
     return out
 
 
-def _rate_table(rec: Any, views: list[Any], backend: Any, load_plan: Any, plan: Plan) -> None:
-    """The seed-style table for the recommended config: simulated ladder on the sim,
-    otherwise the measured trials of that config (no extra GPU time is spent)."""
+def _rate_table(rec: Any, study: Any, backend: Any) -> None:
+    """The seed-style table for the recommended config, from its own trial's load tests
+    (the rate search) and the validation runs: no extra server time is spent."""
     from autotune.recommend import table_row
-    from autotune.trial import probe
 
-    best = rec.best
-    if backend.mode == "virtual" and best.max_feasible_rate:
-        top = best.max_feasible_rate
-        rates = sorted({round(top * f, 1) for f in (0.5, 0.75, 1.0, 1.25, 1.5)}
-                       | ({rec.rate_cap} if rec.rate_cap else set()))
-        for rate in rates:
-            r = probe(backend, best.flags, rate, load_plan, prune=False)
-            s = r.summary
-            rec.table.append(table_row(
-                rate, output_throughput=None if s is None else s.output_throughput,
-                p99_e2e_s=None if s is None else s.e2e.p99, gpu_util_pct=r.gpu_util(),
-                feasible=r.feasible, pruned_by=None, measured=False))
-        rec.table_how = (f"Simulated (virtual time), full load tests of "
-                         f"{len(load_plan.requests)} measured requests each, no pruning; "
-                         "GPU util = simulated busy share of the measured window.")
-        return
-    key = next(v.config_key for v in views if v.number == best.trial)
-    for v in sorted((v for v in views if v.config_key == key and v.rate is not None),
-                    key=lambda v: v.rate):
-        rec.table.append(table_row(
-            v.rate, output_throughput=v.output_throughput, p99_e2e_s=v.p99_e2e_s,
-            gpu_util_pct=v.gpu_util_pct, feasible=v.feasible,
-            pruned_by=v.reason if v.status == "pruned" else None, measured=True))
-    rec.table_how = ("Measured: the study's own trials of this config (pruned ones stopped "
-                     "early); GPU util from NVML where available.")
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == rec.best.trial)
+    res = trial.user_attrs.get("result") or {}
+    probes = (res.get("ceiling") or {}).get("probes") or []
+    origin = res.get("repeat_of")
+    if not probes and origin is not None:
+        twin = next(t for t in study.get_trials(deepcopy=False) if t.number == origin)
+        probes = ((twin.user_attrs.get("result") or {}).get("ceiling") or {}).get("probes") or []
+    measured = backend.mode != "virtual"
+    for p in sorted((p for p in probes if p.get("rate") is not None),
+                    key=lambda p: (p["rate"], p["index"])):
+        e2e = next((c for c in p.get("checks") or [] if c.get("label", "").endswith("e2e")),
+                   None) or {}
+        util = p.get("gpu_util")
+        row = table_row(p["rate"], output_throughput=p.get("output_throughput"),
+                        p99_e2e_s=e2e.get("observed_s"),
+                        gpu_util_pct=None if util is None else 100.0 * util,
+                        feasible=p.get("verdict") == "pass",
+                        pruned_by=None if p.get("verdict") != "inconclusive"
+                        else "inconclusive", measured=measured)
+        row["phase"] = p.get("phase")
+        rec.table.append(row)
+    for run in (rec.validation or {}).get("runs") or []:
+        pct = run.get("percentiles") or {}
+        p99 = next((v for k, v in pct.items() if k.endswith("e2e")), None)
+        row = table_row(run["rate"], output_throughput=None, p99_e2e_s=p99, gpu_util_pct=None,
+                        feasible=run.get("verdict") == "pass", pruned_by=None,
+                        measured=measured)
+        row["phase"] = "validation"
+        rec.table.append(row)
+    rec.table_how = (("Measured" if measured else "Simulated (virtual time)")
+                     + f": the load tests of trial {rec.best.trial}'s rate search (each sized by "
+                     "time and stopped when its steady-state verdict was certain; output tok/s "
+                     "over each test's judged requests) and the validation runs at the cap.")
 
 
-def _baseline_ceiling(rec: Any, backend: Any, load_plan: Any, plan: Plan) -> None:
-    """On the simulator, compare at equal footing: the baseline config at its own
-    ceiling (bisection over the space's rates), not only at the baseline trial's rate."""
-    from autotune.study import predicted_ceiling, rate_bounds
+def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console) -> None:
+    """The recommended config at its cap for ``--validate`` (the seed's 5 minutes)."""
+    from autotune.validation import validate_cap
 
-    base = rec.baseline
-    bounds = rate_bounds(plan.space)
-    if backend.mode != "virtual" or base is None or bounds is None or not base.flags:
-        return
-    rate, res = predicted_ceiling(backend, base.flags, load_plan, low=bounds[0],
-                                  high=bounds[1])
-    vs = rec.vs_baseline
-    vs["baseline_ceiling_rate"] = rate
-    if res is None or res.summary is None:
-        vs["baseline_ceiling_note"] = (f"simulated: vLLM's defaults miss the SLO even at "
-                                       f"{bounds[0]:g} req/s")
-        return
-    good = res.summary.goodput_tokens
-    vs["baseline_ceiling_goodput_tokens"] = good
-    vs["baseline_ceiling_p99_e2e_s"] = res.summary.e2e.p99
-    if good and rec.best.goodput_tokens:
-        vs["goodput_ratio_at_ceilings"] = rec.best.goodput_tokens / good
-    vs["baseline_ceiling_note"] = (f"simulated: vLLM's defaults at their own ceiling "
-                                   f"{rate:.2f} req/s (bisection, {len(load_plan.requests)} "
-                                   "measured requests per probe)")
+    how = "virtual time" if backend.mode == "virtual" else "real time"
+    out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
+              f"{plan.validate_s / 60:g} min ({how}); a failed run steps the cap down 5%",
+              soft_wrap=True)
+    val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
+                       duration_s=float(plan.validate_s or 300.0),
+                       on_run=lambda r: out.print(
+                           f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
+                           soft_wrap=True, highlight=False))
+    rec.validation = val.to_dict()
+    rec.rate_cap = None if val.rate is None else round(val.rate, 2)
+    rec.notes.append(val.sentence())
 
 
 def _print(out: Console, rec: Any, folder: Path) -> None:
@@ -655,14 +708,18 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
                       f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
         elif rec.vs_baseline.get("baseline_ceiling_note"):
             out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
-    if b.ceiling:
-        why = (f"its refined ceiling: the ceiling search's highest passing rate, "
-               f"{b.ceiling.get('total_probes')} load tests, {b.ceiling.get('source')}")
+    why = ("its ceiling: the highest rate whose steady-state load test passed in its "
+           "trial's rate search")
+    if rec.validation is not None:
+        out.print("  " + str(rec.validation.get("sentence")), soft_wrap=True, highlight=False)
+    if rec.rate_cap is None:
+        out.print(f"  [bold red]no rate cap:[/] no validation run passed at or below "
+                  f"{b.max_feasible_rate:.2f} req/s", soft_wrap=True)
     else:
-        why = "the highest rate at which it met the SLO"
-    out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
-              f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why})",
-              soft_wrap=True)
+        out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
+                  f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why}"
+                  + (", then validated" if rec.validation and rec.validation.get("passed")
+                     else "") + ")", soft_wrap=True)
     out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
     for p in rec.next_best:
         out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
@@ -670,8 +727,8 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     if rec.table:
         t = Table(title="recommended config across rates", caption=rec.table_how,
                   title_justify="left", caption_justify="left")
-        for col in ("rate (req/s)", "output tok/s", "P99 e2e (s)", "GPU util", "overloaded"):
-            t.add_column(col, justify="left" if col == "overloaded" else "right")
+        for col in ("rate (req/s)", "output tok/s", "P99 e2e (s)", "GPU util", "verdict"):
+            t.add_column(col, justify="left" if col == "verdict" else "right")
         for row in rec.table:
             gpu = row.get("gpu_util_pct")
             t.add_row(f"{row['rate']:.4g}",
@@ -680,7 +737,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
                       "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",
                       "-" if gpu is None else f"{gpu:.0f}%"
                       + (" (sim)" if row["source"] == "simulated" else ""),
-                      row["overloaded"])
+                      row["verdict"])
         out.print(t)
     for note in rec.notes:
         out.print(f"note: {note}", soft_wrap=True)

@@ -6,8 +6,9 @@ Optuna's storage is the distributed engine; there is no scheduler.  Each worker
 * joins the study after checking that its search space and SLO are the study's
   (:class:`StudySpec`, stored in the study's user attrs when it is created) and
   refuses otherwise, naming the difference;
-* runs its own server on its own GPUs (``CUDA_VISIBLE_DEVICES``), under a guard that
-  takes the server down when the worker dies, even by ``kill -9``;
+* runs its own server on its own GPUs (``CUDA_VISIBLE_DEVICES``), through the process
+  owner (:mod:`autotune.servers.process`), whose guard takes the server down when the
+  worker dies, even by ``kill -9``;
 * claims one trial at a time until the study holds ``n_trials`` finished
   (COMPLETE or PRUNED) trials.  FAILED trials do not count: a trial of a killed
   worker is failed after the grace period and its config retried once, and the retry
@@ -28,7 +29,6 @@ import shlex
 import shutil
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -405,38 +405,6 @@ class StopSignals:
 
 # ----------------------------------------------------------------------------- servers
 
-# The guard leads the server's process group.  PR_SET_PDEATHSIG tells it when the
-# worker dies, however it dies (kill -9 included): it then takes the whole group down,
-# which a worker killed with -9 cannot do itself.  vLLM's own children are in the group.
-GUARD_CODE = (
-    "import ctypes,os,signal,subprocess,sys,time\n"
-    "g=float(sys.argv[2]);c=None\n"
-    "def gone():\n"
-    " try:return c is None or os.waitpid(c.pid,os.WNOHANG)[0]!=0\n"
-    " except ChildProcessError:return True\n"
-    "def down(s,f):\n"
-    " signal.signal(signal.SIGTERM,signal.SIG_IGN)\n"
-    " try:os.killpg(0,signal.SIGTERM)\n"
-    " except OSError:pass\n"
-    " end=time.monotonic()+g\n"
-    " while not gone() and time.monotonic()<end:time.sleep(0.05)\n"
-    " os.killpg(0,signal.SIGKILL)\n"
-    "signal.signal(signal.SIGTERM,down)\n"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM)\n"
-    "if os.getppid()!=int(sys.argv[1]):sys.exit(1)\n"
-    "c=subprocess.Popen(sys.argv[3:])\n"
-    "r=c.wait()\n"
-    "sys.exit(r if r>=0 else 128-r)\n"
-)
-
-
-def guarded(cmd: Sequence[str], *, parent: int | None = None, grace_s: float = 10.0
-            ) -> list[str]:
-    """``cmd`` run under the guard: it dies with the process that launches it."""
-    return [sys.executable, "-c", GUARD_CODE, str(parent or os.getpid()), f"{grace_s:g}",
-            *cmd]
-
-
 def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: str
                  ) -> Any:
     from autotune.trial import ServerBackend, SimBackend
@@ -462,7 +430,9 @@ def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: 
     if not model:
         raise StudyError("--backend vllm needs --model (the space fixes none)")
     positional = len(cmd) >= 1 and cmd[-1] == "serve"
-    server = VllmServer(model, vllm_cmd=guarded(cmd), model_as_flag=not positional,
+    # VllmServer starts it through the process owner, whose guard takes the server down
+    # when this worker dies, even by kill -9.
+    server = VllmServer(model, vllm_cmd=cmd, model_as_flag=not positional,
                         gpus=opts.gpus, startup_timeout_s=opts.startup_timeout_s,
                         log_dir=opts.studies_dir / opts.study / "logs" / wid.replace(":", "-"))
     return ServerBackend(server, name="vllm", model=model, gpus=n_gpus)

@@ -219,6 +219,7 @@ class WorkerOptions:
     startup_timeout_s: float = 900.0
     pace_s: float = 0.0  # real seconds added to each load test (tests and demos)
     poll_s: float = 1.0  # how often a worker that waits for others looks again
+    wait_s: float = 600.0  # how long to wait for a study that does not exist yet
 
 
 @dataclass
@@ -253,22 +254,41 @@ def parse_gpus(text: str | None) -> list[int] | None:
 
 
 def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec | None, *,
-               wait_spec_s: float = 15.0) -> tuple[StudySpec, bool]:
+               wait_spec_s: float = 15.0, wait_s: float = 0.0, poll_s: float = 1.0,
+               say: Callable[[str], None] | None = None) -> tuple[StudySpec, bool]:
     """(the spec to run with, whether this worker created the study).
 
     Creating is a race all workers may run at once: exactly one ``create_new_study``
-    wins; the others wait for the winner's spec before comparing theirs with it.
+    wins; the others wait for the winner's spec before comparing theirs with it.  A
+    worker that cannot create the study (no ``mine``) waits up to ``wait_s`` for
+    someone else to: workers and a search are often started together, and the search
+    creates the study only once its workload is loaded.
     """
     validate_name(name)
     created = False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            storage.get_study_id_from_name(name)
+            break
+        except KeyError:
+            if mine is not None:
+                break
+            if time.monotonic() >= deadline:
+                waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+                raise StudyError(
+                    f"no study {name!r} in this storage{waited}: create it with `autotune "
+                    f"search --storage URL --study-name {name}`, or give --space and --slo "
+                    "so the first worker creates it") from None
+            if say is not None:
+                say(f"waiting up to {wait_s:g} s for study {name!r} to be created (by "
+                    "`autotune search` or a worker given --space and --slo)")
+                say = None  # once is enough
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
     try:
         storage.get_study_id_from_name(name)
     except KeyError:
-        if mine is None:
-            raise StudyError(
-                f"no study {name!r} in this storage: create it with `autotune search "
-                f"--storage URL --study-name {name}`, or give --space and --slo so the "
-                "first worker creates it") from None
+        assert mine is not None
         try:
             sid = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
         except optuna.exceptions.DuplicatedStudyError:
@@ -486,7 +506,8 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
     shown = mask_url(opts.storage)
     storage = open_storage(opts.storage, heartbeat_interval=opts.heartbeat_interval,
                            grace_period=opts.grace_period, retry_s=opts.retry_s)
-    spec, created = join_study(storage, opts.study, opts.spec)
+    spec, created = join_study(storage, opts.study, opts.spec, wait_s=opts.wait_s,
+                               poll_s=opts.poll_s, say=say)
     n_trials = opts.n_trials if opts.n_trials is not None else spec.n_trials
     space = spec.search_space()
     slo = parse_slo(spec.slo)

@@ -432,9 +432,11 @@ def test_a_missing_study_or_a_bad_storage_is_one_line(pg: Postgres, tmp_path: Pa
 
     from autotune.cli import app
 
-    r = CliRunner().invoke(app, ["worker", "--study", "nope", "--storage", pg.url])
+    r = CliRunner().invoke(app, ["worker", "--study", "nope", "--storage", pg.url,
+                                 "--wait", "0.3s"])
     out = r.output + (getattr(r, "stderr", "") or "")
-    assert r.exit_code == 2 and "no study 'nope'" in out and pg.password not in out
+    assert r.exit_code == 2 and "no study 'nope' in this storage (waited 0.3 s)" in out
+    assert "waiting up to 0.3 s for study 'nope'" in out and pg.password not in out
     r = CliRunner().invoke(app, ["worker", "--study", "x", "--storage", "redis://h/0"])
     out = r.output + (getattr(r, "stderr", "") or "")
     assert r.exit_code == 2 and "unsupported storage redis://h/0" in out

@@ -38,6 +38,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import AutotuneError
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
 from autotune.storage import heartbeat_enabled, mask_url, open_storage
@@ -49,7 +50,7 @@ INTERRUPTED = "interrupted"
 SURPLUS = "surplus"
 
 
-class IncompatibleStudy(StudyError):
+class IncompatibleStudy(StudyError, AutotuneError):
     """The worker's space or SLO is not the study's."""
 
 

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.server import config_to_flags
 
 # Keys of a config that shape the client's load, not the server.
@@ -28,7 +29,7 @@ BASE_PORT = 8000
 ENVOY_MIN_FILL_MS = 50  # Envoy refuses a token-bucket fill_interval under 50 ms
 
 
-class DeployError(ValueError):
+class DeployError(AutotuneError, ValueError):
     """No plan can be made from what was given (the message says what is missing)."""
 
 

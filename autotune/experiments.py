@@ -24,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import AutotuneError
+
 # Flags that get their own column (the rest live in ``config_json``).
 CONFIG_COLUMNS: tuple[str, ...] = (
     "tensor_parallel_size",
@@ -66,7 +68,7 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
-class ExperimentsError(ValueError):
+class ExperimentsError(AutotuneError, ValueError):
     """An experiments.csv row or file is not what this module writes."""
 
 

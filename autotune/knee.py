@@ -15,11 +15,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
+
 DEFAULT_MAX_GAIN = 0.10
 DEFAULT_MIN_RISE = 0.50
 
 
-class KneeError(ValueError):
+class KneeError(AutotuneError, ValueError):
     """The sweep cannot be read for a knee (lengths differ, x not ascending)."""
 
 

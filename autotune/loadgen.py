@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import httpx
 
 from autotune.arrivals import PROCESSES, arrival_offsets
+from autotune.errors import AutotuneError
 from autotune.records import RequestRecord, WindowCallback
 from autotune.sse import StreamReader
 from autotune.transport import BodySink, ConnectError, HttpClient, TransportError
@@ -43,7 +44,7 @@ ProgressCallback = Callable[[int, int], None]  # (measured requests done, measur
 DEFAULT_SPIN_S = 0.001
 
 
-class LoadGenError(Exception):
+class LoadGenError(AutotuneError):
     """The load test cannot run as asked: the message says what and how to fix it."""
 
 

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
+
 MIN_EFFICIENCY = 0.8  # the seed: TP=4 must reach 3.2x TP=1
 ADVICE = (
     "check the link topology between the GPUs (`nvidia-smi topo -m`: NVLink or PCIe/"
@@ -22,7 +24,7 @@ ADVICE = (
 )
 
 
-class ScalingError(ValueError):
+class ScalingError(AutotuneError, ValueError):
     """The points cannot be compared (no points, GPU counts not positive)."""
 
 

@@ -4,20 +4,20 @@ The tuner restarts the server under test dozens of times, unattended.  Each star
 gets its own process group and log file; a start that fails says why (a classified
 ``reason``) with the log tail; ``stop()`` takes down the whole group (SIGTERM, grace,
 SIGKILL), then checks that the port is free, that no process of the group remains
-and, where NVML is present, that the GPU memory was released.  Every exit path of
-the parent (normal end, exception, Ctrl-C, SIGTERM, SIGHUP) stops every live server.
+and, where NVML is present, that the GPU memory was released.  The processes
+themselves belong to :mod:`autotune.servers.process`: its guard takes a server down
+whatever ends autotune (``kill -9`` included), and its signal handlers (installed by
+the CLI) turn Ctrl-C, SIGTERM and SIGHUP into an orderly stop.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,10 +26,22 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import IO, Any
 
 import httpx
+
+from autotune.errors import AutotuneError
+from autotune.servers import process
+from autotune.servers.process import (  # noqa: F401 - re-exported: callers import them here
+    descendants,
+    free_port,
+    group_members,
+    pid_alive,
+    port_bindable,
+    port_listening,
+    rss_bytes,
+)
 
 log = logging.getLogger("autotune.server")
 
@@ -64,7 +76,7 @@ _HINTS = {
 }
 
 
-class ServerError(Exception):
+class ServerError(AutotuneError):
     """Base class of everything this module raises."""
 
 
@@ -277,99 +289,6 @@ def looks_local(model: str) -> bool:
     return model.lower().endswith((".gguf", ".safetensors", ".bin", ".pt"))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def port_listening(host: str, port: int, timeout_s: float = 0.2) -> bool:
-    """True when something accepts TCP connections on host:port."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return True
-    except OSError:
-        return False
-
-
-def port_bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-# ----------------------------------------------------------------------------- /proc
-
-
-def _proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of a live process, None if gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (OSError, ValueError):
-        return None
-    # The command name may hold spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(")") + 2 :].split()
-    return rest[0], int(rest[1]), int(rest[2])
-
-
-def _all_pids() -> list[int]:
-    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``."""
-    out = []
-    for pid in _all_pids():
-        st = _proc_stat(pid)
-        if st and st[2] == pgid and st[0] not in ("Z", "X"):
-            out.append(pid)
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Live descendants of ``pid`` (they may have left its group with setsid)."""
-    children: dict[int, list[int]] = {}
-    for p in _all_pids():
-        st = _proc_stat(p)
-        if st and st[0] not in ("Z", "X"):
-            children.setdefault(st[1], []).append(p)
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
-
-
-def pid_alive(pid: int) -> bool:
-    st = _proc_stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def rss_bytes(pids: Sequence[int]) -> int:
-    """Sum of VmRSS over ``pids`` (shared pages counted once per process)."""
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
-        except OSError:
-            continue
-    return total
-
-
-def _signal_pids(pids: Sequence[int], sig: int) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
-
-
 # ----------------------------------------------------------------------------- servers
 
 
@@ -529,9 +448,13 @@ class VllmServer(Server):
         return _tail(self._log_path, n)
 
     def group_pids(self) -> list[int]:
-        if self._proc is None:
-            return []
-        return sorted(set(group_members(self._proc.pid)) | set(descendants(self._proc.pid)))
+        return process.group_pids(self._proc) if self._proc is not None else []
+
+    def stop_now(self, *, fast: bool) -> None:
+        """The process owner's call at exit: stop, logging what is left, never raising."""
+        if fast:
+            self.grace_s = 0.0
+        self._teardown(quiet=True)
 
     def rss_bytes(self) -> int:
         """Resident memory of the whole server (all processes of the group)."""
@@ -641,20 +564,14 @@ class VllmServer(Server):
         self._log_file.write(header)
         self._log_file.flush()
         try:
-            self._proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=self._log_file,
-                stderr=subprocess.STDOUT,
-                env=self._child_env(),
-                start_new_session=True,  # own process group: stop() kills the group
-                close_fds=True,
-            )
-        except (FileNotFoundError, PermissionError, OSError) as e:
+            # The owner's guard leads the group and takes it down if we die unannounced.
+            self._proc = process.spawn(argv, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                       env=self._child_env(), grace_s=self.grace_s)
+        except OSError as e:
             self._close_log()
             raise ServerStartError("missing_binary", f"cannot run {argv[0]}: {e}",
                                    log_path=self._log_path) from e
-        _register(self)
+        process.track(self)
 
     def _wait_healthy(self, t0: float) -> None:
         assert self._proc is not None
@@ -714,31 +631,13 @@ class VllmServer(Server):
                 hook()
             except Exception as e:  # a failing hook must not keep the server alive
                 log.warning("stop hook failed: %s", e)
-        pgid = proc.pid
-        seen = set(self.group_pids()) | {proc.pid}
-        how = "exited" if proc.poll() is not None else "SIGTERM"
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        _signal_pids(list(seen - set(group_members(pgid))), signal.SIGTERM)
-        if not self._wait_gone(proc, pgid, seen, self.grace_s):
-            how = "SIGKILL"
-            seen |= set(group_members(pgid)) | set(descendants(proc.pid))
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            _signal_pids(list(seen), signal.SIGKILL)
-            self._wait_gone(proc, pgid, seen, 10.0)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1.0)
-        left = [p for p in seen if pid_alive(p)] + group_members(pgid)
+        stopped = process.stop_group(proc, grace_s=self.grace_s, host=self.host,
+                                     port=self.port)
         self._proc = None
         self._close_log()
-        _unregister(self)
-        problems = []
-        if left:
-            problems.append(f"processes {sorted(set(left))} survived SIGKILL")
-        port = self.port
-        if port is not None and not self._wait_port_free(port, 5.0):
-            problems.append(f"port {port} still accepts connections")
+        process.untrack(self)
+        problems = stopped.problems(self.port)
+        how, seen = stopped.how, set(stopped.pids)
         gpu_wait = self._wait_gpu_released(seen)
         info = StopInfo(how, time.monotonic() - t0, sorted(seen), gpu_wait)
         if self._fixed_port is None:
@@ -748,26 +647,6 @@ class VllmServer(Server):
         if problems:
             log.warning("stop: %s", "; ".join(problems))
         return info
-
-    @staticmethod
-    def _wait_gone(proc: subprocess.Popen[bytes], pgid: int, pids: set[int],
-                   timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            proc.poll()  # reap the leader so it does not linger as a zombie
-            if not group_members(pgid) and not any(pid_alive(p) for p in pids):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-
-    def _wait_port_free(self, port: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while port_listening(self.host, port):
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-        return True
 
     def _wait_gpu_released(self, pids: set[int]) -> float:
         """Where NVML is present: wait until none of our pids holds GPU memory and
@@ -865,73 +744,12 @@ class AttachedServer(Server):
 
 # ----------------------------------------------------------------------------- exit paths
 
-_LIVE: list[VllmServer] = []
-_LIVE_LOCK = threading.Lock()
-_HANDLERS_INSTALLED = False
-_PREV_HANDLERS: dict[int, Any] = {}
-_EXITING = False
-
 
 def live_servers() -> list[VllmServer]:
-    with _LIVE_LOCK:
-        return list(_LIVE)
-
-
-def _register(server: VllmServer) -> None:
-    with _LIVE_LOCK:
-        if server not in _LIVE:
-            _LIVE.append(server)
-    _install_exit_handlers()
-
-
-def _unregister(server: VllmServer) -> None:
-    with _LIVE_LOCK, contextlib.suppress(ValueError):
-        _LIVE.remove(server)
+    """Servers started and not yet stopped (the process owner's registry)."""
+    return [o for o in process.live() if isinstance(o, VllmServer)]
 
 
 def stop_all(*, fast: bool = False) -> None:
     """Stop every live server.  ``fast`` SIGKILLs the groups without a grace period."""
-    for server in live_servers():
-        try:
-            if fast:
-                server.grace_s = 0.0
-            server._teardown(quiet=True)
-        except Exception as e:  # keep going: the others must stop too
-            log.warning("could not stop server %s: %s", server.pid, e)
-
-
-def _on_signal(signum: int, frame: FrameType | None) -> None:
-    """First SIGTERM/SIGHUP: unwind as an exit (``with`` blocks and atexit stop the
-    servers after the load generator has closed its streams).  A second one while
-    exiting: SIGKILL every group and leave at once."""
-    global _EXITING
-    if _EXITING:
-        stop_all(fast=True)
-        os._exit(128 + signum)
-    _EXITING = True
-    prev = _PREV_HANDLERS.get(signum)
-    if callable(prev) and prev is not _on_signal:
-        prev(signum, frame)
-    raise SystemExit(128 + signum)
-
-
-def _install_exit_handlers() -> None:
-    """atexit covers normal ends, exceptions and Ctrl-C (KeyboardInterrupt unwinds
-    to the interpreter's exit); SIGTERM and SIGHUP would end the process without
-    running atexit, so they get a handler that turns them into ``SystemExit``."""
-    global _HANDLERS_INSTALLED
-    if _HANDLERS_INSTALLED:
-        return
-    _HANDLERS_INSTALLED = True
-    atexit.register(stop_all)
-    if threading.current_thread() is not threading.main_thread():
-        return  # signal.signal works only there; atexit still covers normal exits
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        try:
-            prev = signal.getsignal(sig)
-            if prev is signal.SIG_IGN:
-                continue  # e.g. under nohup: the user asked to survive it
-            _PREV_HANDLERS[sig] = prev
-            signal.signal(sig, _on_signal)
-        except (ValueError, OSError):
-            continue
+    process.stop_all(fast=fast)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from autotune.errors import AutotuneError
+
 METRICS: tuple[str, ...] = ("e2e", "ttft", "tpot", "itl")
 ACCEPTED_FORMS = (
     "accepted forms: a duration for p99 end-to-end latency ('10s', '500ms', '1.5m'), "
@@ -29,7 +31,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m)\s*$")
 _LIMIT = re.compile(r"^\s*p(\d+(?:\.\d+)?)\s*:\s*([a-z0-9_]+)\s*<=\s*(.+?)\s*$")
 
 
-class SLOError(ValueError):
+class SLOError(AutotuneError, ValueError):
     """An SLO string could not be parsed or holds an impossible limit."""
 
 

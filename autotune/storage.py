@@ -30,6 +30,7 @@ import optuna
 from optuna.storages import BaseStorage
 from optuna.storages._heartbeat import BaseHeartbeat
 
+from autotune.errors import AutotuneError
 from autotune.study import StudyError
 
 log = logging.getLogger("autotune.storage")
@@ -40,7 +41,7 @@ DEFAULT_RETRY_S = 120.0  # how long a storage call keeps retrying an unreachable
 SERVER_SCHEMES = ("postgresql", "postgres", "mysql", "mariadb")
 
 
-class StorageError(StudyError):
+class StorageError(StudyError, AutotuneError):
     """The storage cannot be opened or reached; the message never holds a password."""
 
 
@@ -161,6 +162,42 @@ def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "storage cal
             delay = min(delay * 2, max_delay_s)
 
 
+# What two processes creating Optuna's schema in one new database at the same moment
+# get: both CREATE TABLE (PostgreSQL's catalogue has one row per type name), or both
+# stamp alembic's version.  The loser finds the schema there when it tries again.
+_SCHEMA_RACE = ("pg_type_typname_nsp_index", "alembic_version", "already exists",
+                "duplicate key value violates unique constraint", "Duplicate entry",
+                "UNIQUE constraint failed")
+
+
+def schema_race(exc: BaseException) -> bool:
+    """True when ``exc`` is another process creating the same schema at the same time."""
+    text = str(exc)
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        text += " " + str(cause)
+    return any(marker in text for marker in _SCHEMA_RACE)
+
+
+def schema_race_retry(fn: Callable[[], Any], *, attempts: int = 8,
+                      sleep: Callable[[float], None] = time.sleep) -> Any:
+    """``fn()``, tried again while it loses a schema-creation race (see ``_SCHEMA_RACE``).
+
+    A random pause before each retry keeps the losers from colliding again."""
+    import random
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == attempts or not schema_race(exc):
+                raise
+            log.info("storage schema created concurrently by another process (attempt %d); "
+                     "opening again", attempt)
+            sleep(random.uniform(0.05, 0.25) * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
 _BASE_METHODS = (
     "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
     "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
@@ -275,7 +312,8 @@ def open_storage(
         return optuna.storages._CachedStorage(rdb)
 
     try:
-        inner = call_with_retry(connect, what="connect", retry_s=min(retry_s, 30.0), url=url)
+        inner = call_with_retry(schema_race_retry, connect, what="connect",
+                                retry_s=min(retry_s, 30.0), url=url)
     except ImportError:
         driver = "psycopg2-binary" if url.startswith("postgres") else "PyMySQL"
         raise StorageError(f"cannot open storage {shown}: the database driver is not "

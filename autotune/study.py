@@ -123,12 +123,20 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
                 parent.mkdir(parents=True, exist_ok=True)
             else:
                 raise StudyError(f"cannot open storage {url}: folder {parent} does not exist")
+    lock: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if url.startswith("sqlite:///") and path.name not in ("", ":memory:"):
+        from autotune.files import file_lock
+
+        # Optuna creates the schema on first open, and two processes doing that at once
+        # collide ("UNIQUE constraint failed: alembic_version.version_num"): take turns.
+        lock = file_lock(path.with_name(path.name + ".lock"))
     try:
         # SQLite: wait up to 30 s for a lock (Python's default is 5 s), so a reader such
         # as optuna-dashboard or `autotune report` on the same file cannot fail a study.
-        storage = optuna.storages.RDBStorage(
-            url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
-            else {"connect_args": {"timeout": 30.0}})
+        with lock:
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
+                else {"connect_args": {"timeout": 30.0}})
     except Exception as exc:  # sqlalchemy raises many kinds: say which, in one line
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise StudyError(f"cannot open storage {url}: {first}") from None

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune import diagnose as dg
+from autotune.errors import AutotuneError
 from autotune.files import json_safe
 from autotune.knee import DEFAULT_MAX_GAIN, DEFAULT_MIN_RISE, Knee, find_knee
 from autotune.pruning import UNBOUNDED_BACKLOG, PrunerSettings, decide
@@ -44,7 +45,7 @@ SERVED_SHARE = 0.90  # completions under this share of the offered rate = overlo
 _NUM = r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"
 
 
-class SweepError(ValueError):
+class SweepError(AutotuneError, ValueError):
     """A sweep that cannot be run as asked; the message says how to fix it."""
 
 

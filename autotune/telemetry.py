@@ -20,10 +20,12 @@ from typing import Any
 
 import httpx
 
+from autotune.errors import AutotuneError
+
 log = logging.getLogger("autotune.telemetry")
 
 
-class TelemetryError(Exception):
+class TelemetryError(AutotuneError):
     """A telemetry source answered with something we cannot use."""
 
 

@@ -25,11 +25,13 @@ from typing import Any
 
 import httpx
 
+from autotune.errors import AutotuneError
+
 TEKKEN_FILE = "tekken_240911.json"
 _TEKKEN_NAME = "mistral-common tekken_240911 (offline stand-in for the model's tokenizer)"
 
 
-class WorkloadError(ValueError):
+class WorkloadError(AutotuneError, ValueError):
     """A workload (dataset file, tokenizer, lengths) could not be built as asked."""
 
 

@@ -14,8 +14,10 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from autotune.errors import AutotuneError
 
-class TrackerUnavailable(RuntimeError):
+
+class TrackerUnavailable(AutotuneError, RuntimeError):
     """The tracker's package is not installed (the message says what to pip install)."""
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import AutotuneError
 from autotune.files import json_safe
 from autotune.metrics import Summary
 from autotune.records import RequestRecord
@@ -40,7 +41,7 @@ OUR_METRIC = {"ttft": "ttft", "tpot": "tpot", "itl": "itl", "e2el": "e2e"}
 IMPORTED_SOURCE = "measured (vllm bench serve, imported)"
 
 
-class VllmResultError(ValueError):
+class VllmResultError(AutotuneError, ValueError):
     """A file is not a vLLM ``--save-result`` JSON (the message says which key)."""
 
 

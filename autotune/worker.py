@@ -6,8 +6,9 @@ Optuna's storage is the distributed engine; there is no scheduler.  Each worker
 * joins the study after checking that its search space and SLO are the study's
   (:class:`StudySpec`, stored in the study's user attrs when it is created) and
   refuses otherwise, naming the difference;
-* runs its own server on its own GPUs (``CUDA_VISIBLE_DEVICES``), under a guard that
-  takes the server down when the worker dies, even by ``kill -9``;
+* runs its own server on its own GPUs (``CUDA_VISIBLE_DEVICES``), through the process
+  owner (:mod:`autotune.servers.process`), whose guard takes the server down when the
+  worker dies, even by ``kill -9``;
 * claims one trial at a time until the study holds ``n_trials`` finished
   (COMPLETE or PRUNED) trials.  FAILED trials do not count: a trial of a killed
   worker is failed after the grace period and its config retried once, and the retry
@@ -28,7 +29,6 @@ import shlex
 import shutil
 import signal
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +38,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import AutotuneError
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
 from autotune.storage import heartbeat_enabled, mask_url, open_storage
@@ -49,7 +50,7 @@ INTERRUPTED = "interrupted"
 SURPLUS = "surplus"
 
 
-class IncompatibleStudy(StudyError):
+class IncompatibleStudy(StudyError, AutotuneError):
     """The worker's space or SLO is not the study's."""
 
 
@@ -219,6 +220,7 @@ class WorkerOptions:
     startup_timeout_s: float = 900.0
     pace_s: float = 0.0  # real seconds added to each load test (tests and demos)
     poll_s: float = 1.0  # how often a worker that waits for others looks again
+    wait_s: float = 600.0  # how long to wait for a study that does not exist yet
 
 
 @dataclass
@@ -253,22 +255,41 @@ def parse_gpus(text: str | None) -> list[int] | None:
 
 
 def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec | None, *,
-               wait_spec_s: float = 15.0) -> tuple[StudySpec, bool]:
+               wait_spec_s: float = 15.0, wait_s: float = 0.0, poll_s: float = 1.0,
+               say: Callable[[str], None] | None = None) -> tuple[StudySpec, bool]:
     """(the spec to run with, whether this worker created the study).
 
     Creating is a race all workers may run at once: exactly one ``create_new_study``
-    wins; the others wait for the winner's spec before comparing theirs with it.
+    wins; the others wait for the winner's spec before comparing theirs with it.  A
+    worker that cannot create the study (no ``mine``) waits up to ``wait_s`` for
+    someone else to: workers and a search are often started together, and the search
+    creates the study only once its workload is loaded.
     """
     validate_name(name)
     created = False
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            storage.get_study_id_from_name(name)
+            break
+        except KeyError:
+            if mine is not None:
+                break
+            if time.monotonic() >= deadline:
+                waited = f" (waited {wait_s:g} s)" if wait_s > 0 else ""
+                raise StudyError(
+                    f"no study {name!r} in this storage{waited}: create it with `autotune "
+                    f"search --storage URL --study-name {name}`, or give --space and --slo "
+                    "so the first worker creates it") from None
+            if say is not None:
+                say(f"waiting up to {wait_s:g} s for study {name!r} to be created (by "
+                    "`autotune search` or a worker given --space and --slo)")
+                say = None  # once is enough
+            time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
     try:
         storage.get_study_id_from_name(name)
     except KeyError:
-        if mine is None:
-            raise StudyError(
-                f"no study {name!r} in this storage: create it with `autotune search "
-                f"--storage URL --study-name {name}`, or give --space and --slo so the "
-                "first worker creates it") from None
+        assert mine is not None
         try:
             sid = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
         except optuna.exceptions.DuplicatedStudyError:
@@ -405,38 +426,6 @@ class StopSignals:
 
 # ----------------------------------------------------------------------------- servers
 
-# The guard leads the server's process group.  PR_SET_PDEATHSIG tells it when the
-# worker dies, however it dies (kill -9 included): it then takes the whole group down,
-# which a worker killed with -9 cannot do itself.  vLLM's own children are in the group.
-GUARD_CODE = (
-    "import ctypes,os,signal,subprocess,sys,time\n"
-    "g=float(sys.argv[2]);c=None\n"
-    "def gone():\n"
-    " try:return c is None or os.waitpid(c.pid,os.WNOHANG)[0]!=0\n"
-    " except ChildProcessError:return True\n"
-    "def down(s,f):\n"
-    " signal.signal(signal.SIGTERM,signal.SIG_IGN)\n"
-    " try:os.killpg(0,signal.SIGTERM)\n"
-    " except OSError:pass\n"
-    " end=time.monotonic()+g\n"
-    " while not gone() and time.monotonic()<end:time.sleep(0.05)\n"
-    " os.killpg(0,signal.SIGKILL)\n"
-    "signal.signal(signal.SIGTERM,down)\n"
-    "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM)\n"
-    "if os.getppid()!=int(sys.argv[1]):sys.exit(1)\n"
-    "c=subprocess.Popen(sys.argv[3:])\n"
-    "r=c.wait()\n"
-    "sys.exit(r if r>=0 else 128-r)\n"
-)
-
-
-def guarded(cmd: Sequence[str], *, parent: int | None = None, grace_s: float = 10.0
-            ) -> list[str]:
-    """``cmd`` run under the guard: it dies with the process that launches it."""
-    return [sys.executable, "-c", GUARD_CODE, str(parent or os.getpid()), f"{grace_s:g}",
-            *cmd]
-
-
 def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: str
                  ) -> Any:
     from autotune.trial import ServerBackend, SimBackend
@@ -462,7 +451,9 @@ def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: 
     if not model:
         raise StudyError("--backend vllm needs --model (the space fixes none)")
     positional = len(cmd) >= 1 and cmd[-1] == "serve"
-    server = VllmServer(model, vllm_cmd=guarded(cmd), model_as_flag=not positional,
+    # VllmServer starts it through the process owner, whose guard takes the server down
+    # when this worker dies, even by kill -9.
+    server = VllmServer(model, vllm_cmd=cmd, model_as_flag=not positional,
                         gpus=opts.gpus, startup_timeout_s=opts.startup_timeout_s,
                         log_dir=opts.studies_dir / opts.study / "logs" / wid.replace(":", "-"))
     return ServerBackend(server, name="vllm", model=model, gpus=n_gpus)
@@ -516,7 +507,8 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
     shown = mask_url(opts.storage)
     storage = open_storage(opts.storage, heartbeat_interval=opts.heartbeat_interval,
                            grace_period=opts.grace_period, retry_s=opts.retry_s)
-    spec, created = join_study(storage, opts.study, opts.spec)
+    spec, created = join_study(storage, opts.study, opts.spec, wait_s=opts.wait_s,
+                               poll_s=opts.poll_s, say=say)
     n_trials = opts.n_trials if opts.n_trials is not None else spec.n_trials
     space = spec.search_space()
     slo = parse_slo(spec.slo)

@@ -82,30 +82,29 @@ def test_rates_and_tokens_match_server_counts(fake_server) -> None:
         truth["tokens_sent"] / server_window, rel=0.02)
 
 
-def _latency_misses(url: str, out: int) -> list[str]:
-    result = run_load_test_sync(LoadTestConfig(url=url, rate=40.0, warmup=5, seed=1),
+def test_latencies_match_injected_delays(fake_server_process) -> None:
+    # A separate process, so the server does not share the client's GIL.  On a shared
+    # machine noise only ever adds latency: so each request's TTFT and E2E are checked
+    # against the injected delays as hard lower bounds, and the medians against a
+    # ceiling that a systematic error (a wrong start time, a unit slip) would break.
+    server = fake_server_process("--first-token-delay-ms", "20", "--token-delay-ms", "4")
+    out = 8
+    result = run_load_test_sync(LoadTestConfig(url=server.url, rate=40.0, warmup=5, seed=1),
                                 _requests(40, out=out))
     ok = [r for r in result.records if r.ok and not r.warmup]
     assert len(ok) == 40
     summary = summarize(result.records)
     assert summary.ttft.p50 == pytest.approx(_p50([r.ttft_s for r in ok]))
-    want = {"ttft": 0.020, "tpot": 0.004, "e2e": 0.020 + (out - 1) * 0.004, "itl": 0.004}
-    got = {"ttft": _p50([r.ttft_s for r in ok]), "tpot": _p50([r.tpot_s for r in ok]),
-           "e2e": _p50([r.e2e_s for r in ok]), "itl": _p50([g for r in ok for g in r.itls_s])}
-    return [f"{k} p50 {got[k] * 1e3:.2f} ms vs {want[k] * 1e3:.2f} ms"
-            for k in want if abs(got[k] - want[k]) > 0.005]
-
-
-def test_latencies_match_injected_delays(fake_server_process) -> None:
-    # A separate process, so the server does not share the client's GIL.  Timing on a
-    # shared 2-core machine: up to 3 tries; a systematic error fails all of them.
-    server = fake_server_process("--first-token-delay-ms", "20", "--token-delay-ms", "4")
-    misses: list[list[str]] = []
-    for _ in range(3):
-        misses.append(_latency_misses(server.url, out=8))
-        if not misses[-1]:
-            break
-    assert not misses[-1], misses
+    ttft, e2e = 0.020, 0.020 + (out - 1) * 0.004
+    # 1 ms slack: the client stamps the send once its write returns, and the server may
+    # have begun counting the delay by then.
+    for r in ok:
+        assert r.ttft_s >= ttft - 0.001 and r.e2e_s >= e2e - 0.001, (r.ttft_s, r.e2e_s)
+        assert len(r.itls_s) == out - 1
+        assert sum(r.itls_s) <= r.e2e_s - r.ttft_s + 1e-9  # the stream ends after them
+    assert _p50([r.ttft_s for r in ok]) < ttft + 0.030
+    assert _p50([r.e2e_s for r in ok]) < e2e + 0.030
+    assert 0.002 < _p50([r.tpot_s for r in ok]) < 0.004 + 0.010
 
 
 def test_chat_endpoint_counts_content_chunks_only(fake_server) -> None:
@@ -136,20 +135,20 @@ def test_schedule_gaps_follow_the_chosen_process() -> None:
 
 def test_dispatched_gaps_are_exponential(fake_server_process) -> None:
     # The server in its own process: an in-process one would hold the GIL at times.
+    # Gaps of 50 ms on average: a few ms of scheduling noise on a shared machine cannot
+    # change their distribution, so one run decides.
     server = fake_server_process()
-    rate = 100.0
+    rate = 20.0
     config = LoadTestConfig(url=server.url, rate=rate, warmup=0, seed=11)
-    pvalues = []
-    for _ in range(3):  # timing on a shared machine: up to 3 tries
-        result = run_load_test_sync(config, _requests(200, out=2))
-        dispatched = np.sort([r.dispatched_s for r in result.records])
-        pvalues.append(stats.kstest(np.diff(dispatched), "expon", args=(0, 1 / rate)).pvalue)
-        lags = [r.send_lag_s for r in result.records]
-        assert min(lags) >= 0.0
-        if pvalues[-1] > 0.001 and _p50(lags) < 0.002:
-            break
-    assert pvalues[-1] > 0.001, pvalues
-    assert _p50(lags) < 0.002  # the dispatcher keeps up (generous: shared CPU)
+    result = run_load_test_sync(config, _requests(150, out=2))
+    records = sorted(result.records, key=lambda r: r.scheduled_s)
+    dispatched = [r.dispatched_s for r in records]
+    assert dispatched == sorted(dispatched)  # sent in the order of the schedule
+    lags = [r.send_lag_s for r in records]
+    assert min(lags) >= 0.0  # never early
+    pvalue = stats.kstest(np.diff(dispatched), "expon", args=(0, 1 / rate)).pvalue
+    assert pvalue > 0.001, pvalue
+    assert _p50(lags) < 0.005  # the dispatcher keeps up (generous: shared CPU)
 
 
 # -- warm-up --------------------------------------------------------------------------

@@ -133,8 +133,6 @@ def test_search_sim_writes_recommendation(tmp_path: Path) -> None:
         "best"]["trial"] == rec["best"]["trial"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("autotune.sim.serve") is None,
-                    reason="the simulator's HTTP server (autotune.sim.serve) is not there yet")
 def test_search_vllm_backend_with_the_simulator_as_vllm(tmp_path: Path) -> None:
     """Real restarts and real HTTP: the simulator's server launched as 'vLLM'."""
     space = tmp_path / "small.yaml"
@@ -264,8 +262,6 @@ def test_server_options_reach_vllm_server(tmp_path: Path,
     assert seen["model_as_flag"] is True
 
 
-@pytest.mark.skipif(importlib.util.find_spec("autotune.sim.serve") is None,
-                    reason="the simulator's HTTP server (autotune.sim.serve) is not there yet")
 def test_prescreen_sim_then_measure_on_the_simulator_as_vllm(tmp_path: Path) -> None:
     """The full path: a study in virtual time, its top config enqueued at its predicted
     ceiling, then measured over HTTP; prediction and measurement side by side."""

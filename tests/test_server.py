@@ -6,12 +6,10 @@ ignores unknown vLLM flags) and small scripts stand in for the binary.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import signal
 import socket
-import subprocess
 import sys
 import textwrap
 import threading
@@ -360,8 +358,6 @@ def test_sim_server_uses_the_same_code_path(tmp_path):
         assert info.served_models == ["sim-model"]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("autotune.sim.serve") is None,
-                    reason="autotune.sim.serve not written yet")
 def test_sim_server_real_simulator(tmp_path):
     with SimServer("sim-model", log_dir=tmp_path, startup_timeout_s=60) as sim:
         info = sim.start({"max_num_seqs": 8})
@@ -370,60 +366,7 @@ def test_sim_server_real_simulator(tmp_path):
 
 
 # ----------------------------------------------------------------------------- exit paths
-
-PARENT = textwrap.dedent("""
-    import signal, sys, time
-    # A user's process at a terminal: a test run started in the background (`cmd &`,
-    # nohup) would otherwise hand down SIGINT/SIGHUP ignored.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
-    sys.path.insert(0, {repo!r})
-    from autotune.server import VllmServer
-    mode = sys.argv[1]
-    server = VllmServer("m", vllm_cmd={fake!r}, model_as_flag=True, log_dir={logs!r},
-                        grace_s=5.0)
-    info = server.start({{}})
-    print(info.pid, flush=True)
-    if mode == "normal":
-        sys.exit(0)
-    if mode == "exception":
-        raise RuntimeError("boom")
-    if mode == "with-exception":
-        with server:
-            raise RuntimeError("boom inside with")
-    print("ready", flush=True)
-    time.sleep(60)
-""")
-
-
-@pytest.mark.parametrize("mode,sig,codes", [
-    ("normal", None, {0}),
-    ("exception", None, {1}),
-    ("with-exception", None, {1}),
-    ("wait", signal.SIGINT, {130, -signal.SIGINT}),
-    ("wait", signal.SIGTERM, {143}),
-    ("wait", signal.SIGHUP, {129}),
-])
-def test_every_exit_path_of_the_parent_stops_the_server(tmp_path, mode, sig, codes):
-    script = tmp_path / "parent.py"
-    script.write_text(PARENT.format(repo=str(REPO), fake=FAKE, logs=str(tmp_path / "logs")))
-    parent = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        child = int(parent.stdout.readline())
-        assert pid_alive(child)
-        if sig is not None:
-            assert parent.stdout.readline().strip() == "ready"
-            parent.send_signal(sig)
-        rc = parent.wait(timeout=30)
-    finally:
-        if parent.poll() is None:
-            parent.kill()
-            parent.wait()
-        parent.stdout.close()
-        parent.stderr.close()
-    assert rc in codes
-    assert not pid_alive(child), f"server pid {child} survived parent exit via {mode}/{sig}"
+# Every way the parent can end, SIGKILL and a server crash included: tests/test_process.py
 
 
 # ----------------------------------------------------------------------------- tiny model

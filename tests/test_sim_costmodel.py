@@ -174,7 +174,8 @@ def test_model_folder_config_json_is_read(tmp_path) -> None:
 
 
 def test_tiny_profile_matches_the_tiny_test_model_spec() -> None:
-    tiny_model = pytest.importorskip("autotune.testing.tiny_model")
+    from autotune.testing import tiny_model
+
     spec = tiny_model.TinyLlamaSpec()
     m = load_model("tiny")
     assert (m.num_layers, m.hidden_size, m.num_attention_heads, m.num_kv_heads,

@@ -183,8 +183,15 @@ def test_hang_at_startup_never_listens_but_stops_on_sigterm() -> None:
     port = free_port()
     proc = subprocess.Popen(argv(port, "--hang-at-startup"), cwd=REPO, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None
     try:
-        time.sleep(1.0)
+        # The server says it hangs only once its SIGTERM handler is in place: a signal
+        # sent before that line would kill it instead of stopping it.
+        for line in proc.stdout:
+            if "start-up will never finish" in line:
+                break
+        else:
+            raise AssertionError("the server ended without saying it hangs")
         assert proc.poll() is None
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5)
@@ -195,7 +202,8 @@ def test_hang_at_startup_never_listens_but_stops_on_sigterm() -> None:
 
 def test_real_time_agrees_with_virtual_time() -> None:
     """Same config, workload and arrival schedule: HTTP vs simulate (both simulated)."""
-    loadgen = pytest.importorskip("autotune.loadgen")
+    from autotune import loadgen
+
     n, rate, seed = 120, 20.0, 7
     reqs = [Request(" ".join(["w"] * (20 + (i * 37) % 60)), 20 + (i * 37) % 60,
                     8 + (i * 13) % 30) for i in range(n)]

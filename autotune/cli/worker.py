@@ -62,6 +62,9 @@ def worker(
         help="Seconds without a heartbeat after which a trial is failed and retried.")] = 180,
     db_retry_s: Annotated[float, typer.Option(
         help="How long a storage call retries an unreachable database.")] = 120.0,
+    wait: Annotated[str, typer.Option(
+        help="How long to wait for the study to be created by someone else (a search or "
+             "a worker given --space/--slo), e.g. 10m, 30s; 0: do not wait.")] = "10m",
     pace_s: Annotated[float, typer.Option(hidden=True)] = 0.0,
     poll_s: Annotated[float, typer.Option(hidden=True)] = 1.0,
 ) -> None:
@@ -97,12 +100,20 @@ def worker(
             study=study, storage=storage, spec=spec, gpus=parse_gpus(gpus), n_trials=n_trials,
             backend=backend.value, vllm_cmd=vllm_cmd, model=model, studies_dir=studies_dir,
             heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-            retry_s=db_retry_s, pace_s=pace_s, poll_s=poll_s)
+            retry_s=db_retry_s, pace_s=pace_s, poll_s=poll_s, wait_s=_wait_s(wait))
         run = run_worker(opts, say=lambda line: console.print(scrub(line, storage),
                                                               soft_wrap=True, markup=False))
     if run.exit_code:
         err_console.print(f"worker stopped ({run.stopped_by})", markup=False)
         raise typer.Exit(run.exit_code)
+
+
+def _wait_s(text: str) -> float:
+    from autotune.slo import parse_duration
+
+    if text.strip() in ("0", "0s", "0ms", "0m"):
+        return 0.0
+    return parse_duration(text.strip())
 
 
 class _scrubbed:

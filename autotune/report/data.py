@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.experiments import CONFIG_COLUMNS
 
 CLIENT_KEYS = ("request_rate", "max_concurrency")
@@ -33,7 +34,7 @@ SHORT = {
 }
 
 
-class ReportError(ValueError):
+class ReportError(AutotuneError, ValueError):
     """The report cannot be made as asked (unknown or empty study, unreadable file)."""
 
 

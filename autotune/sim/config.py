@@ -11,10 +11,11 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.sim.profiles import GIB, HardwareProfile, ModelProfile
 
 
-class ConfigRefused(Exception):
+class ConfigRefused(AutotuneError):
     """vLLM would refuse to start with this config (the message mimics vLLM's)."""
 
 

@@ -15,12 +15,14 @@ from typing import Any
 
 import yaml
 
+from autotune.errors import AutotuneError
+
 PROFILE_DIR = Path(__file__).with_name("profiles")
 GIB = 1024**3
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1}
 
 
-class ProfileError(ValueError):
+class ProfileError(AutotuneError, ValueError):
     """A profile name is unknown or a profile file is malformed."""
 
 

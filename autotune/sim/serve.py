@@ -483,6 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     if args.hang_at_startup:
+        # Said after the handler is in place: a test may send SIGTERM on reading it.
         log("WARNING", "simulated fault --hang-at-startup: start-up will never finish")
         while not stop["flag"]:
             time.sleep(0.05)

@@ -34,6 +34,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
+
 FAULTS: tuple[str, ...] = ("500", "drop", "cut", "reset", "slow", "short")
 # 500: HTTP 500 at once.  drop: close the connection without any response.
 # cut: stream half the tokens, then end the body cleanly with no usage and no [DONE].
@@ -47,7 +49,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
             503: "Service Unavailable"}
 
 
-class FakeServerError(ValueError):
+class FakeServerError(AutotuneError, ValueError):
     """A fake-server knob was out of range."""
 
 

@@ -17,10 +17,12 @@ import json
 import sys
 from pathlib import Path
 
+from autotune.errors import AutotuneError
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class SmolLMError(Exception):
+class SmolLMError(AutotuneError):
     """The conversion cannot run: a package or file is missing."""
 
 

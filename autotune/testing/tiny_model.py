@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from autotune.errors import AutotuneError
+
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>",
                   "<|pad|>"]
 CHAT_TEMPLATE = (
@@ -32,7 +34,7 @@ CHAT_TEMPLATE = (
 CORPUS_BYTES = 3_000_000
 
 
-class TinyModelError(Exception):
+class TinyModelError(AutotuneError):
     """The tiny model could not be built (bad argument, no text, unwritable folder)."""
 
 

@@ -1,0 +1,1 @@
+"""Server processes: the one owner of every process autotune starts (``process``)."""

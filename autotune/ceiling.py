@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import AutotuneError
 from autotune.metrics import Summary, quantile_upper_bound
 from autotune.records import RequestRecord
 from autotune.slo import SLO, quantile
@@ -46,7 +47,7 @@ PHASES = ("saturation", "incumbent", "bracket", "bisect", "more-requests", "repe
 VERDICTS = ("pass", "fail", "inconclusive", "uncertain")
 
 
-class CeilingError(ValueError):
+class CeilingError(AutotuneError, ValueError):
     """The ceiling search cannot run as asked; the message says what and how to fix."""
 
 

@@ -14,12 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.errors import AutotuneError
 from autotune.space import CLIENT_PARAMS, serve_command
 
 DEFAULT_HEADROOM = 0.10
 
 
-class RecommendError(ValueError):
+class RecommendError(AutotuneError, ValueError):
     """There is nothing to recommend from (no trial finished, none feasible)."""
 
 

@@ -145,31 +145,11 @@ class StopInfo:
 
 
 def config_to_flags(config: Mapping[str, object]) -> list[str]:
-    """Turn ``{"max_num_seqs": 8, "enable_chunked_prefill": False}`` into argv flags.
+    """vLLM argv flags of ``config``: :func:`autotune.flags.config_to_argv`, the one
+    renderer, so the launched argv and every printed command agree."""
+    from autotune.flags import config_to_argv
 
-    Keys become ``--kebab-case``.  ``True``/``False`` become ``--flag``/``--no-flag``
-    (vLLM declares its boolean engine args with ``argparse.BooleanOptionalAction``);
-    ``None`` is skipped; lists repeat the values after one flag; dicts go as JSON.
-    """
-    import json
-
-    argv: list[str] = []
-    for key, value in config.items():
-        if value is None:
-            continue
-        flag = "--" + str(key).strip("-").replace("_", "-")
-        if value is True:
-            argv.append(flag)
-        elif value is False:
-            argv.append("--no-" + flag[2:])
-        elif isinstance(value, (list, tuple)):
-            argv.append(flag)
-            argv.extend(str(v) for v in value)
-        elif isinstance(value, dict):
-            argv += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            argv += [flag, str(value)]
-    return argv
+    return config_to_argv(config)
 
 
 _KV_TOKENS = re.compile(r"\b(?:[A-Z]+ )?KV cache size:\s*([\d,]+)\s*tokens", re.I)

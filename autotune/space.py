@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 import yaml
 
+from autotune.errors import AutotuneError
+
 PARAM_TYPES = ("int", "float", "categorical", "bool")
 CLIENT_PARAMS = ("request_rate", "max_concurrency")
 # vLLM engine flags a space may set (snake_case of `vllm serve --flag`).
@@ -61,7 +63,7 @@ _TOP_KEYS = {"name", "description", "profile", "attention_heads", "fixed", "para
              "baseline", "rules"}
 
 
-class SpaceError(ValueError):
+class SpaceError(AutotuneError, ValueError):
     """A search-space file is unreadable or describes an impossible space."""
 
 

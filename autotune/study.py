@@ -25,6 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.errors import AutotuneError
 from autotune.pruning import PrunerSettings
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
@@ -44,7 +45,7 @@ OBJECTIVES = ("tokens", "requests")
 RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
 
 
-class StudyError(ValueError):
+class StudyError(AutotuneError, ValueError):
     """The study cannot be created or continued as asked."""
 
 
@@ -573,11 +574,9 @@ def _append_probe(settings: StudySettings, number: int, result: TrialResult, pro
 
 def _append_experiment(settings: StudySettings, number: int, result: TrialResult) -> None:
     """One row in ``studies/<name>/experiments.csv`` (the shared history)."""
+    from autotune.experiments import append_experiment, row_from_summary
+
     if result.summary is None:
-        return
-    try:
-        from autotune.experiments import append_experiment, row_from_summary
-    except ImportError:  # pragma: no cover - optional module
         return
     row = row_from_summary(
         result.summary.to_dict(), study=settings.name, trial=number, config=result.flags,
@@ -585,8 +584,7 @@ def _append_experiment(settings: StudySettings, number: int, result: TrialResult
         gpu={"util_mean_pct": result.telemetry.get("gpu_util_mean_pct"),
              "util_max_pct": result.telemetry.get("gpu_util_max_pct")},
         pruned_reason=result.reason if result.status == PRUNED else None)
-    with contextlib.suppress(Exception):  # the history must never end a study
-        append_experiment(settings.out_dir / "experiments.csv", row)
+    append_experiment(settings.out_dir / "experiments.csv", row)
 
 
 # ----------------------------------------------------------------------------- run

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import AutotuneError
 from autotune.metrics import quantile_upper_bound
 from autotune.pruning import allowed_late, backlog_trend
 from autotune.records import RequestRecord
@@ -47,7 +48,7 @@ VERDICTS = (PASS, FAIL, INCONCLUSIVE)
 _Z = {0.9: 1.2816, 0.95: 1.6449, 0.975: 1.96, 0.99: 2.3263, 0.995: 2.5758}
 
 
-class VerdictError(ValueError):
+class VerdictError(AutotuneError, ValueError):
     """Steady-state settings that cannot work; the message says how to fix them."""
 
 

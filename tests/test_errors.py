@@ -21,11 +21,7 @@ INTERNAL = {
     "autotune.transport.RemoteProtocolError", "autotune.transport._StaleConnection",
     "autotune.worker._Surplus", "autotune.worker.Terminated", "autotune.trial.TrialFailed",
 }
-# In modules being rewritten elsewhere; cli._common.user_errors names them until then.
-PENDING = {
-    "autotune.study.StudyError", "autotune.space.SpaceError",
-    "autotune.recommend.RecommendError", "autotune.ceiling.CeilingError",
-}
+PENDING: set[str] = set()
 
 
 def exception_classes() -> dict[str, type[BaseException]]:

@@ -36,16 +36,9 @@ def fail(message: str, code: int = 2) -> typer.Exit:
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception classes whose message is meant for the user: ``AutotuneError``, and
-    the few classes that do not derive from it yet."""
-    # These four modules are being rewritten; until their errors derive from
-    # AutotuneError they are named here, imported plainly so that a rename fails loudly.
-    from autotune.ceiling import CeilingError
-    from autotune.recommend import RecommendError
-    from autotune.space import SpaceError
-    from autotune.study import StudyError
-
-    return (AutotuneError, StudyError, SpaceError, RecommendError, CeilingError)
+    """Exception classes whose message is meant for the user: the ``AutotuneError``
+    tree, caught once here."""
+    return (AutotuneError,)
 
 
 @contextlib.contextmanager

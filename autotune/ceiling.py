@@ -283,11 +283,17 @@ class CeilingResult:
     notes: list[str] = field(default_factory=list)
     # The first probe had to pass (the rate needed to beat the incumbent) and did not.
     below_start: bool = False
+    # The long run at the cap (autotune.validation.Validation), when one was made.
+    validation: Any = None
 
     @property
     def recommended_cap(self) -> float | None:
+        """``headroom`` under the ceiling; after a validation, the rate it validated
+        (None when no run passed)."""
         if self.feasible_max is None:
             return None
+        if self.validation is not None:
+            return self.validation.rate
         return self.feasible_max * (1.0 - self.headroom)
 
     @property
@@ -333,13 +339,17 @@ class CeilingResult:
         probe = self.feasible_probe()
         assert probe is not None and self.feasible_max is not None
         cap = self.recommended_cap
-        assert cap is not None
         limits = _limits_phrase(self.slo, probe, self.confidence)
         head = "sustains" if self.infeasible_min is not None else "sustains at least"
+        if cap is None:
+            return (f"{prefix}{head} {_rate(self.feasible_max)} req/s with {limits}; no cap: "
+                    f"{self.validation.sentence()}")
         text = (f"{prefix}{head} {_rate(self.feasible_max)} req/s with {limits}; "
                 f"cap at {_rate(cap)} req/s")
         if self.infeasible_min is None:
             text += " (no failing rate found within the probe budget)"
+        if self.validation is not None:
+            text += f"; {self.validation.sentence()}"
         return text
 
     def to_dict(self) -> dict[str, Any]:
@@ -365,6 +375,7 @@ class CeilingResult:
             "stepdown_rate": self.stepdown_rate,
             "spread": [s.to_dict() for s in self.spread],
             "below_start": self.below_start,
+            "validation": None if self.validation is None else self.validation.to_dict(),
             "notes": list(self.notes),
             "probes": [p.to_dict() for p in self.probes],
         }

@@ -309,7 +309,9 @@ class _SteadyFeed:
                                             planned=self.planned, t0=self.t0))
         if elapsed < self.next_check and elapsed < self.max_s:
             return False
-        self.next_check = elapsed + self.rule.check_every_s
+        # Every few seconds early on, then every tenth of the time run so far: a long
+        # test is judged a few dozen times, not once per window.
+        self.next_check = elapsed + max(self.rule.check_every_s, 0.1 * elapsed)
         ev = judge(measured, slo=self.plan.slo, offered_rate=self.rate, now=now,
                    rule=self.rule, planned=self.planned)
         self.evidence = ev
@@ -326,7 +328,10 @@ def _judged(records: Sequence[RequestRecord], cutoff: float) -> list[RequestReco
     than every limit, so it is late, not an error of the server."""
     out = []
     for r in records:
-        if r.warmup or r.scheduled_s > cutoff:
+        if r.warmup:
+            out.append(r)  # summarize drops them, and says how many
+            continue
+        if r.scheduled_s > cutoff:
             continue
         if r.error is not None and r.error.startswith("aborted"):
             r.error = "late: still in flight, past every limit, when the test stopped"
@@ -599,7 +604,8 @@ class ServerBackend(Backend):
 
     def __init__(self, server: Any, *, name: str = "vllm", model: str | None = None,
                  endpoint: str = "completions", api_key: str | None = None,
-                 gpus: int | None = None, nvml: bool = True) -> None:
+                 gpus: int | None = None, nvml: bool = True,
+                 transport: str = "native") -> None:
         super().__init__()
         self.server = server
         self.name = name
@@ -609,6 +615,7 @@ class ServerBackend(Backend):
         self.api_key = api_key
         self.gpus = gpus
         self.nvml = nvml
+        self.transport = transport
         self._flags: dict[str, Any] | None = None
 
     def prepare(self, flags: Mapping[str, Any], *, trial: int | None = None
@@ -648,7 +655,7 @@ class ServerBackend(Backend):
             process=plan.process, burstiness=plan.burstiness,
             max_concurrency=plan.max_concurrency, warmup=plan.warmup,
             request_timeout_s=plan.request_timeout_s, api_key=self.api_key, seed=plan.seed,
-            window_s=plan.window_s)
+            window_s=plan.window_s, transport=self.transport)
         sampler = _nvml_sampler() if self.nvml else None
         t0 = time.monotonic()
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -43,6 +43,11 @@ class OutputFormat(str, Enum):
 class Endpoint(str, Enum):
     completions = "completions"
     chat = "chat"
+
+
+class BenchBackend(str, Enum):
+    http = "http"
+    sim = "sim"
 
 
 class Transport(str, Enum):
@@ -110,15 +115,34 @@ def bench(
         "--format", help="Layout of --output: ours, or vLLM's --save-result JSON.")] = (
         OutputFormat.autotune),
     csv: Annotated[Path | None, typer.Option(help="Write one row per request.")] = None,
+    backend: Annotated[BenchBackend, typer.Option(
+        help="http: the server at --url; sim: the simulator in virtual time (a what-if "
+             "in seconds, e.g. to check a recommendation with a long run).")] = (
+        BenchBackend.http),
+    profile: Annotated[str, typer.Option(
+        help="--backend sim: [Nx]HARDWARE[:MODEL], e.g. 4xa100-80gb:llama-3-8b.")] = (
+        "4xa100-80gb:llama-3-8b"),
+    param: Annotated[list[str] | None, typer.Option(
+        help="--backend sim: a server flag as key=value (repeatable), e.g. "
+             "tensor_parallel_size=4.")] = None,
+    min_duration: Annotated[str | None, typer.Option(
+        help="With an SLO: arrivals last at least this long before the test may pass "
+             "(default max(60s, 6x the largest latency limit)).")] = None,
+    max_duration: Annotated[str | None, typer.Option(
+        help="With an SLO: an inconclusive test runs on up to this long (default 3x "
+             "--min-duration).")] = None,
+    duration: Annotated[str | None, typer.Option(
+        help="With an SLO: run exactly this long (sets both durations), e.g. 5m to "
+             "validate a cap.")] = None,
 ) -> None:
-    """Load-test a running server: warm-up, then a measured window at one rate."""
+    """Load-test a server: warm-up, then a measured window at one rate; with an SLO,
+    sized by time and judged pass / fail / inconclusive on steady-state evidence."""
     with one_line_errors():
         _bench(**locals())
 
 
 def _bench(**opts: object) -> None:
     from autotune import diagnose, loadgen, tokenizer, workload
-    from autotune.metrics import summarize
     from autotune.slo import combine
 
     o = SimpleNamespace(**opts)
@@ -134,13 +158,24 @@ def _bench(**opts: object) -> None:
         raise UsageError(f"--warmup must be 0 or more, got {o.warmup}")
     if o.dataset_path is not None and not Path(o.dataset_path).exists():
         raise UsageError(f"dataset file {o.dataset_path} does not exist")
+    steady = _steady(o, slo)
+    if steady is not None and o.rate == float("inf"):
+        raise UsageError("a verdict needs a finite --rate (arrivals sized by time); drop "
+                         "the SLO to measure rate inf")
     check_writable(o.output, "--output")
     check_writable(o.csv, "--csv")
-
+    sim = o.backend is BenchBackend.sim
+    flags = _sim_flags(o) if sim else {}
     url = str(o.url).rstrip("/")
-    model = o.model or loadgen.fetch_model(url, api_key=o.api_key)
+    if sim:
+        model = str(flags.get("model"))
+    else:
+        # Nothing is sent before the server answers: a dead port is one line and exit 2.
+        model = o.model or loadgen.fetch_model(url, api_key=o.api_key)
+        if o.model:
+            loadgen.check_server(url, api_key=o.api_key)
     total = o.num_prompts + o.warmup
-    with tokenizer.load_tokenizer(o.tokenizer, server_url=url, model=model,
+    with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
         if o.dataset is Dataset.sharegpt:
             wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
@@ -158,6 +193,145 @@ def _bench(**opts: object) -> None:
             f"{o.warmup} warm-up plus measured requests; lower --warmup or --num-prompts")
     warm, measured = wl.requests[: o.warmup], wl.requests[o.warmup:]
 
+    if sim or steady is not None:
+        summary, records, evidence, where = _run_judged(o, slo, steady, flags, model, url,
+                                                        warm, measured)
+    else:
+        summary, records = _run_http(o, url, model, warm, measured)
+        evidence, where = None, f"{model} at {url}"
+
+    for table in summary_tables(summary, title=f"autotune bench: {where}"):
+        console.print(table)
+    how = summary.how()
+    if evidence is not None:
+        how += (f"; sized by time: {evidence.at_s:.0f} s of arrivals (minimum "
+                f"{evidence.min_duration_s:g} s), the requests of the last "
+                f"{_horizon(slo):g} s before the stop not judged")
+    console.print(f"How: {how}; workload {wl.source}; tokens counted with {wl.tokenizer}.",
+                  soft_wrap=True)
+    if evidence is not None:
+        console.print(f"[bold]verdict: {evidence.verdict}[/] ({'; '.join(evidence.reasons)})",
+                      soft_wrap=True)
+    # The rules include the client-limited check (send lag p99 > 1 ms) and the seed
+    # chapter's pitfalls (no warm-up, fixed short prompts, a single stream).
+    settings = {"warmup": len(warm), "max_concurrency": o.max_concurrency,
+                **diagnose.workload_settings([r.prompt_tokens for r in wl.requests],
+                                             wl.source)}
+    findings = diagnose.diagnose(summary, None, settings,
+                                 {"thirds_rps": diagnose.thirds_throughput(records)})
+    for line in diagnose.render(findings, "rich"):
+        console.print(line, soft_wrap=True)
+
+    run = {
+        "url": None if sim else url, "backend": o.backend.value, "model": model,
+        "rate": None if o.rate == float("inf") else o.rate,
+        "max_concurrency": o.max_concurrency, "config": flags or None,
+        "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
+        "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
+        "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
+        "transport": o.transport.value, "source": summary.source,
+        "slo": None if slo is None else str(slo), "notes": wl.notes,
+        "steady_state": None if steady is None else steady.to_dict(),
+        "diagnoses": [d.to_dict() for d in findings],
+    }
+    if o.output is not None and o.output_format is OutputFormat.vllm:
+        from autotune.vllm_results import write_vllm_result
+        write_json(o.output, write_vllm_result(summary, records, run))
+        console.print(f"wrote {o.output} (vLLM --save-result layout)")
+    elif o.output is not None:
+        write_json(o.output, {"how": how, "run": run, "summary": summary.to_dict(),
+                              "verdict": None if evidence is None else evidence.to_dict(),
+                              "records": [r.to_dict() for r in records]})
+        console.print(f"wrote {o.output}")
+    if o.csv is not None:
+        atomic_write(o.csv, records_csv(records))
+        console.print(f"wrote {o.csv}")
+
+
+def _horizon(slo: Any) -> float:
+    from autotune.verdict import horizon
+
+    return horizon(slo)
+
+
+def _steady(o: SimpleNamespace, slo: Any) -> Any:
+    """The steady-state rule when an SLO asks for a verdict; None otherwise."""
+    from autotune.cli.search import _duration
+    from autotune.verdict import SteadyState, VerdictError
+
+    if slo is None:
+        if o.duration or o.min_duration or o.max_duration:
+            raise UsageError("--duration/--min-duration/--max-duration size a test judged "
+                             "against an SLO: add --slo-p99 or --slo")
+        return None
+    lo = _duration("--min-duration", o.min_duration)
+    hi = _duration("--max-duration", o.max_duration)
+    if o.duration is not None:
+        if lo is not None or hi is not None:
+            raise UsageError("give --duration, or --min-duration/--max-duration, not both")
+        lo = hi = _duration("--duration", o.duration)
+    try:
+        return SteadyState(min_duration_s=lo, max_duration_s=hi, min_requests=o.num_prompts)
+    except VerdictError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _sim_flags(o: SimpleNamespace) -> dict[str, Any]:
+    """The simulated config: the profile's model plus ``--param`` flags."""
+    from autotune.cli.ceiling import parse_params
+    from autotune.sim.profiles import ProfileError, load_hardware, load_model
+
+    hw, _, mdl = str(o.profile).partition(":")
+    try:
+        hardware = load_hardware(hw.strip())
+        model = load_model((mdl or "llama-3-8b").strip())
+    except (ProfileError, OSError, ValueError) as exc:
+        raise UsageError(f"--profile {o.profile}: {exc}") from None
+    o.hardware, o.sim_model = hardware, model
+    flags: dict[str, Any] = {"model": model.hf_id}
+    flags.update(parse_params(o.param))
+    return flags
+
+
+def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any], model: str,
+                url: str, warm: list[Any], measured: list[Any]) -> tuple[Any, Any, Any, str]:
+    """One load test through the trial runner: the simulator, or the server at ``url``
+    with the steady-state stop rule; progress lines as the evidence comes in."""
+    from autotune.server import AttachedServer
+    from autotune.slo import SLO
+    from autotune.trial import LoadPlan, ServerBackend, SimBackend, evaluate
+
+    if o.backend is BenchBackend.sim:
+        backend: Any = SimBackend(o.hardware, o.sim_model)
+        where = f"{flags} on {o.hardware.label}, {o.sim_model.name} (simulated, virtual time)"
+    else:
+        backend = ServerBackend(AttachedServer(url), name="http", model=model,
+                                endpoint=o.endpoint.value, api_key=o.api_key, nvml=False,
+                                transport=o.transport.value)
+        where = f"{model} at {url}"
+    plan = LoadPlan(slo=slo or SLO(()), requests=measured, warmup_requests=warm,
+                    warmup=len(warm), seed=o.seed, process=o.arrival.value,
+                    burstiness=o.burstiness, request_timeout_s=o.request_timeout,
+                    max_concurrency=o.max_concurrency, steady=steady)
+
+    def progress(ev: Any) -> None:
+        err_console.print(f"  {ev.at_s:5.0f} s of arrivals: {ev.cohort} requests judged, "
+                          f"served {ev.served_rate:.3g}/{ev.arrival_rate:.3g} req/s, "
+                          f"verdict so far {ev.verdict}", soft_wrap=True, highlight=False)
+
+    result = evaluate(backend, flags, o.rate, plan, on_evidence=progress)
+    backend.close()
+    if result.summary is None:
+        raise UsageError(f"the load test could not run ({result.reason}): {result.detail}")
+    return result.summary, result.records, result.evidence, where
+
+
+def _run_http(o: SimpleNamespace, url: str, model: str, warm: list[Any], measured: list[Any]
+              ) -> tuple[Any, Any]:
+    """A fixed-count load test without a verdict, as vLLM's benchmark runs one."""
+    from autotune import loadgen
+    from autotune.metrics import summarize
+
     config = loadgen.LoadTestConfig(
         url=url, model=model, endpoint=o.endpoint.value, rate=o.rate,
         process=o.arrival.value, burstiness=o.burstiness, max_concurrency=o.max_concurrency,
@@ -169,41 +343,5 @@ def _bench(**opts: object) -> None:
         result = loadgen.run_load_test_sync(
             config, measured, warmup_requests=warm,
             on_progress=lambda done, _total: progress.update(task, completed=done))
-    summary = summarize(result.records, slo=slo, offered_rate=o.rate, source="measured (HTTP)")
-
-    title = f"autotune bench: {model} at {url}"
-    for table in summary_tables(summary, title=title):
-        console.print(table)
-    console.print(f"How: {summary.how()}; workload {wl.source}; tokens counted with "
-                  f"{wl.tokenizer}.", soft_wrap=True)
-    # The rules include the client-limited check (send lag p99 > 1 ms) and the seed
-    # chapter's pitfalls (no warm-up, fixed short prompts, a single stream).
-    settings = {"warmup": len(warm), "max_concurrency": o.max_concurrency,
-                **diagnose.workload_settings([r.prompt_tokens for r in wl.requests],
-                                             wl.source)}
-    findings = diagnose.diagnose(summary, None, settings,
-                                 {"thirds_rps": diagnose.thirds_throughput(result.records)})
-    for line in diagnose.render(findings, "rich"):
-        console.print(line, soft_wrap=True)
-
-    run = {
-        "url": url, "model": model, "rate": None if o.rate == float("inf") else o.rate,
-        "max_concurrency": o.max_concurrency,
-        "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
-        "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
-        "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
-        "transport": o.transport.value,
-        "slo": None if slo is None else str(slo), "notes": wl.notes,
-        "diagnoses": [d.to_dict() for d in findings],
-    }
-    if o.output is not None and o.output_format is OutputFormat.vllm:
-        from autotune.vllm_results import write_vllm_result
-        write_json(o.output, write_vllm_result(summary, result.records, run))
-        console.print(f"wrote {o.output} (vLLM --save-result layout)")
-    elif o.output is not None:
-        write_json(o.output, {"how": summary.how(), "run": run, "summary": summary.to_dict(),
-                              "records": [r.to_dict() for r in result.records]})
-        console.print(f"wrote {o.output}")
-    if o.csv is not None:
-        atomic_write(o.csv, records_csv(result.records))
-        console.print(f"wrote {o.csv}")
+    return summarize(result.records, offered_rate=o.rate, source="measured (HTTP)"), (
+        result.records)

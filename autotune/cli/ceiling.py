@@ -100,7 +100,8 @@ def ceiling(
         help="Stop when feasible and infeasible rates are this close (relative).")] = 0.03,
     max_probes: Annotated[int, typer.Option(help="Load tests the search may run.")] = 8,
     num_prompts: Annotated[int, typer.Option(
-        help="Measured requests per probe (raised to what the bound needs).")] = 300,
+        help="Fewest measured requests a probe needs to pass (probes are sized by time "
+             "too: --min-duration).")] = 300,
     max_num_prompts: Annotated[int, typer.Option(
         help="Most measured requests one probe may be raised to.")] = 2400,
     repeats: Annotated[int, typer.Option(
@@ -128,6 +129,15 @@ def ceiling(
         help="Write the result and every probe's summary as JSON.")] = None,
     csv_path: Annotated[Path | None, typer.Option(
         "--csv", help="Write one row per probe and SLO limit.")] = None,
+    min_duration: Annotated[str | None, typer.Option(
+        help="Arrivals of each probe last at least this long before it may pass "
+             "(default max(60s, 6x the largest latency limit)).")] = None,
+    max_duration: Annotated[str | None, typer.Option(
+        help="An inconclusive probe runs on at the same rate up to this long "
+             "(default 3x --min-duration).")] = None,
+    validate: Annotated[str, typer.Option(
+        help="Run the cap this long at the end (virtual time on the simulator); a "
+             "failed run steps it down 5%; 'off' skips it.")] = "5m",
 ) -> None:
     """Find the highest request rate that meets the SLO with confidence, and a cap."""
     with one_line_errors():
@@ -310,20 +320,27 @@ def probe_line(p: Any, simulated: bool) -> str:
     rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3f}"
     lims = "  ".join(f"{c.label} {_s(c.observed_s)} (≤{_s(c.bound_s)})" for c in p.checks)
     util = "-" if p.gpu_util is None else f"{p.gpu_util:.0%}"
-    verdict = {"pass": "PASS", "fail": "fail", "uncertain": "uncertain"}[p.verdict]
-    pruned = f"pruned: {p.prune_reason.split(':', 1)[0]}" if p.pruned else ""
-    return (f"{p.index + 1:>3} {p.phase:<13} {rate:>9} {p.num_prompts:>5} "
+    verdict = {"pass": "PASS"}.get(p.verdict, p.verdict)
+    ev = p.evidence
+    secs = "-" if ev is None else f"{ev.at_s:.0f}"
+    why = ""
+    if p.pruned:
+        why = f"pruned: {p.prune_reason.split(':', 1)[0]}"
+    elif ev is not None and p.verdict != "pass":
+        why = ev.reasons[0][:90]
+    return (f"{p.index + 1:>3} {p.phase:<11} {rate:>9} {p.num_measured:>6} {secs:>5} "
             f"{p.request_throughput:>8.2f} {p.output_throughput:>9.0f}  {lims:<40} "
             f"{util:>5}{'*' if simulated and p.gpu_util is not None else ' '} "
-            f"{verdict:<9} {pruned}").rstrip()
+            f"{verdict:<12} {why}").rstrip()
 
 
 def header(simulated: bool) -> str:
     how = "simulated, virtual time" if simulated else "measured over HTTP"
-    return (f"probes ({how}; P99 with its one-sided 95% upper bound in parentheses; "
-            "req/s and tok/s over each probe's measured window, warm-up excluded; GPU = "
-            "mean utilization, * = the simulator's busy share)\n"
-            f"{'#':>3} {'phase':<13} {'rate':>9} {'n':>5} {'req/s':>8} {'tok/s':>9}  "
+    return (f"probes ({how}; n = requests judged, s = seconds of arrivals; P99 with its "
+            "one-sided 95% upper bound in parentheses; req/s and tok/s over each probe's "
+            "judged requests, warm-up excluded; GPU = mean utilization, * = the "
+            "simulator's busy share)\n"
+            f"{'#':>3} {'phase':<11} {'rate':>9} {'n':>6} {'s':>5} {'req/s':>8} {'tok/s':>9}  "
             f"{'latency (bound)':<40} {'GPU':>5}  result")
 
 
@@ -397,6 +414,10 @@ def _ceiling(o: SimpleNamespace) -> int:
                           num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
                           repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
                           min_rate=o.min_rate)
+    from autotune.cli.search import parse_steady, parse_validate
+
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts)
+    validate_s = parse_validate(o.validate)
     backend, where = _backend(o, kind, flags)
     try:
         per_probe = max(o.num_prompts, need)
@@ -411,7 +432,11 @@ def _ceiling(o: SimpleNamespace) -> int:
                   + ("; every figure is simulated" if simulated else ""), soft_wrap=True)
         out.print(header(simulated), soft_wrap=True, highlight=False)
         probe = BackendProbe(backend, flags, slo, pool, warmup=o.warmup, seed=o.seed,
-                             prune=not o.no_prune)
+                             prune=not o.no_prune, steady=steady)
+        out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals and "
+                  f"{steady.min_requests} requests before it may pass, up to "
+                  f"{steady.max_s(slo):g} s, stopped when its steady-state verdict is "
+                  "certain", soft_wrap=True)
         result = find_ceiling(
             probe, slo=slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
@@ -419,6 +444,18 @@ def _ceiling(o: SimpleNamespace) -> int:
             min_rate=o.min_rate,
             on_probe=lambda p: out.print(probe_line(p, simulated), soft_wrap=True,
                                          highlight=False))
+        if validate_s and result.recommended_cap:
+            from autotune.validation import validate_cap
+
+            cap = float(result.recommended_cap)
+            out.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
+                      + (" (virtual time)" if simulated else ""), soft_wrap=True)
+            result.validation = validate_cap(
+                backend, flags, cap, probe.plan(o.num_prompts, 0, cap),
+                duration_s=validate_s,
+                on_run=lambda r: out.print(f"  {r.rate:.4g} req/s: {r.verdict} "
+                                           f"({r.requests} requests judged)", soft_wrap=True,
+                                           highlight=False))
     finally:
         backend.close()
     if probe.drain_note:

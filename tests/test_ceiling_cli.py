@@ -52,6 +52,31 @@ def test_sim_ceiling_prints_table_and_writes_json_and_csv(tmp_path: Path) -> Non
     assert {r["limit"] for r in table} == {"p99:e2e"}
 
 
+def test_the_cap_is_validated_by_a_long_run_and_steps_down_when_it_fails(
+        tmp_path: Path) -> None:
+    out = tmp_path / "c.json"
+    code, stdout, stderr = ceiling("--slo-p99", "2s", "--max-num-seqs", "32",
+                                   "--profile", "a100-80gb", "--model-profile", "llama-3-8b",
+                                   "--gpus", "1", *SMALL, "--validate", "5m",
+                                   "--output", str(out))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    val = data["validation"]
+    first = val["runs"][0]
+    assert first["rate"] == pytest.approx(0.9 * data["feasible_max"])
+    for before, after in zip(val["runs"], val["runs"][1:], strict=False):
+        assert before["verdict"] != "pass"  # only a run that did not pass steps down
+        assert after["rate"] == pytest.approx(0.95 * before["rate"], rel=1e-3)
+    last = val["runs"][-1]
+    assert last["duration_s"] >= 0.95 * 300  # five minutes of arrivals judged
+    if val["passed"]:
+        assert data["recommended_cap"] == pytest.approx(last["rate"])
+        assert "validated (simulated, 5 min)" in data["answer"]
+        assert last["percentiles"]["p99:e2e"] <= 2.0
+    else:
+        assert data["recommended_cap"] is None and "not validated" in data["answer"]
+
+
 def test_param_and_flags_reach_the_simulator(tmp_path: Path) -> None:
     out = tmp_path / "c.json"
     code, _, stderr = ceiling("--slo-p99", "2s", "--param", "max_num_seqs=8",
@@ -152,19 +177,26 @@ def sim_server(tmp_path: Path):
 def test_attach_mode_against_the_simulators_http_server(sim_server: SimServer,
                                                         tmp_path: Path) -> None:
     out = tmp_path / "c.json"
+    # Real time: one steady-state probe of 8-20 s of arrivals (the backlog's slope needs
+    # that long to be bounded at this rate) and a p90 limit, whose bound needs few
+    # requests; the validation run is covered in virtual time.
     code, stdout, stderr = ceiling(
-        "--slo-p99", "1s", "--url", sim_server.endpoint, "--dataset", "synthetic",
-        "--input-len", "16", "--output-len", "12", "--num-prompts", "300",
+        "--slo", "p90:e2e<=1s", "--url", sim_server.endpoint, "--dataset", "synthetic",
+        "--input-len", "16", "--output-len", "12", "--num-prompts", "100",
         "--max-num-prompts", "300", "--warmup", "10", "--start-rate", "40",
-        "--max-probes", "2", "--tol", "0.5", "--output", str(out))
+        "--max-probes", "1", "--min-duration", "8s", "--max-duration", "20s",
+        "--validate", "off", "--output", str(out))
     assert code == 0, stderr
     assert "measured over HTTP" in stdout
     data = json.loads(out.read_text())
     assert data["backend"]["kind"] == "attach"
     assert data["source"] == "measured (HTTP)"
-    assert data["search_probes"] == 2
-    assert data["feasible"] and data["feasible_max"] >= 40
-    assert data["answer"].startswith("sustains")
+    assert data["search_probes"] == 1
+    assert data["feasible"] and data["feasible_max"] == 40
+    assert data["answer"].startswith("sustains at least 40")
+    (probe,) = data["probes"]
+    assert probe["evidence"]["verdict"] == "pass" and probe["evidence"]["at_s"] >= 8.0
+    assert data["validation"] is None
     # The drain between probes read the server's vLLM gauges.
     assert any("drained" in n for n in data["notes"])
     # No restart between probes: the same process served them all.

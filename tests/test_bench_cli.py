@@ -33,14 +33,14 @@ def test_bench_writes_summary_records_and_csv(
         fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
     server = fake_server(token_delay_s=0.001, api_key=SECRET)
     out, rows = tmp_path / "results.json", tmp_path / "records.csv"
-    code, stdout, stderr = bench(*synthetic(server.url, "--slo-p99", "2s", "--api-key", SECRET,
+    code, stdout, stderr = bench(*synthetic(server.url, "--api-key", SECRET,
                                             "--output", str(out), "--csv", str(rows)))
     assert code == 0, stderr
     data = json.loads(out.read_text())
     summary = data["summary"]
     assert summary["num_measured"] == 30 and summary["num_warmup_excluded"] == 5
     assert summary["num_completed"] == 30 and summary["total_output_tokens"] == 30 * 6
-    assert summary["slo_check"]["met"] is True
+    assert data["verdict"] is None  # no SLO, no verdict: a fixed-count test
     assert len(data["records"]) == 35
     assert sum(r["warmup"] for r in data["records"]) == 5
     # The server really did all 35 requests, and we counted only the measured ones.
@@ -51,6 +51,44 @@ def test_bench_writes_summary_records_and_csv(
     assert "warm-up requests excluded" in stdout and "tokens counted with" in stdout
     # The API key is used, never printed or saved.
     assert SECRET not in stdout + stderr + out.read_text() + rows.read_text()
+
+
+def test_with_an_slo_the_test_is_sized_by_time_and_judged(
+        fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
+    server = fake_server(token_delay_s=0.001)
+    out = tmp_path / "results.json"
+    code, stdout, stderr = bench(*synthetic(server.url, "--slo", "p90:e2e<=2s",
+                                            "--min-duration", "2s", "--max-duration", "6s",
+                                            "--output", str(out)))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    ev = data["verdict"]
+    assert ev["verdict"] in ("pass", "inconclusive") and ev["reasons"]
+    if ev["verdict"] == "pass":
+        assert ev["at_s"] >= 2.0  # never before the minimum duration
+    assert ev["at_s"] <= 6.0 + 1.0  # stopped at the cap at the latest
+    # Arrivals were sized by time (50 req/s for seconds), not by the 30 prompts.
+    assert data["summary"]["num_measured"] == ev["cohort"] > 30
+    assert data["run"]["steady_state"]["min_duration_s"] == 2.0
+    assert "verdict: " in stdout and "sized by time" in stdout
+    assert "s of arrivals" in stderr  # progress lines while it runs
+
+
+def test_bench_sim_backend_is_a_what_if_in_virtual_time(tmp_path: Path) -> None:
+    out = tmp_path / "sim.json"
+    code, stdout, stderr = bench("--backend", "sim", "--profile", "1xa100-80gb:llama-3-8b",
+                                 "--param", "max_num_seqs=64", "--dataset", "synthetic",
+                                 "--input-len", "64", "--output-len", "32", "--rate", "5",
+                                 "--num-prompts", "200", "--warmup", "10",
+                                 "--slo-p99", "5s", "--duration", "2m", "--output", str(out))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["summary"]["source"].startswith("simulated")
+    assert data["run"]["backend"] == "sim" and data["run"]["config"]["max_num_seqs"] == 64
+    ev = data["verdict"]
+    assert ev["verdict"] == "pass"  # 5 req/s of short requests is far under capacity
+    assert 115.0 <= ev["at_s"] <= 122.0  # --duration 2m: exactly two minutes judged
+    assert "simulated" in stdout
 
 
 def test_bench_sharegpt_through_the_server_tokenizer(

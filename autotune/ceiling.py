@@ -676,6 +676,7 @@ def find_ceiling(
     floor_rate = min_rate if min_rate is not None else start_rate / 32.0
     if max_rate is not None:
         start_rate = min(start_rate, max_rate)
+    start_rate = max(start_rate, floor_rate)
 
     below_start = False
     if first_must_pass:

@@ -42,6 +42,7 @@ class StreamReader:
         self.got_done = False
         self.server_error: str | None = None
         self._tail = b""
+        self._last_s: float | None = None
 
     def feed(self, now: float, data: bytes) -> None:
         """Raises ValueError on a data line that is not JSON (a broken server)."""
@@ -65,14 +66,20 @@ class StreamReader:
                 self.server_error = err.get("message") if isinstance(err, dict) else err
                 continue
             if chunk_text(obj):
+                if not record.chunk_times_s:
+                    # Live, so the stop rule sees a running request's first token.
+                    record.first_token_s = now
                 record.chunk_times_s.append(now)
             if obj.get("usage"):
                 self.usage = obj["usage"]
-        record.end_s = now
+        # Not record.end_s: a record with an end is finished, and this one streams on.
+        self._last_s = now
 
     def finish(self, *, ignore_eos: bool) -> None:
         """Token counts from the usage chunk, and the error when the stream fell short."""
         record = self.record
+        if self._last_s is not None:
+            record.end_s = self._last_s  # E2E ends at the last bytes, as vLLM's client
         if record.chunk_times_s:
             record.first_token_s = record.chunk_times_s[0]
         if self.usage is not None:

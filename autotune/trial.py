@@ -323,9 +323,13 @@ class _SteadyFeed:
         return False
 
 
-def _judged(records: Sequence[RequestRecord], cutoff: float) -> list[RequestRecord]:
-    """The cohort a stopped test is judged on; what was still in flight in it is older
-    than every limit, so it is late, not an error of the server."""
+def _judged(records: Sequence[RequestRecord], cutoff: float, slo: SLO
+            ) -> list[RequestRecord]:
+    """The cohort a stopped test is judged on.  What was still in flight in it is older
+    than the end-to-end limit, so it is late, not an error of the server; without an
+    end-to-end limit its latency is unknown, and it is left out of the summary (the
+    verdict already counted it as late for a pass)."""
+    has_e2e = any(lim.metric == "e2e" for lim in slo.limits)
     out = []
     for r in records:
         if r.warmup:
@@ -334,6 +338,8 @@ def _judged(records: Sequence[RequestRecord], cutoff: float) -> list[RequestReco
         if r.scheduled_s > cutoff:
             continue
         if r.error is not None and r.error.startswith("aborted"):
+            if not has_e2e:
+                continue
             r.error = "late: still in flight, past every limit, when the test stopped"
         out.append(r)
     return out
@@ -440,13 +446,13 @@ def _final_evidence(feed: _SteadyFeed, run: LoadRun, plan: LoadPlan, rate: float
 
     if feed.stopped_at is not None and feed.evidence is not None:
         cutoff = feed.stopped_at - horizon(plan.slo)
-        return _judged(run.records, cutoff), feed.evidence
+        return _judged(run.records, cutoff, plan.slo), feed.evidence
     assert plan.steady is not None
     ends = [r.end_s for r in run.records if r.end_s is not None]
     now = max(ends) if ends else 0.0
     ev = judge(run.records, slo=plan.slo, offered_rate=rate, now=now, rule=plan.steady,
                planned=feed.planned, final=True)
-    return _judged(run.records, math.inf), ev
+    return _judged(run.records, math.inf, plan.slo), ev
 
 
 _RECORD_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord)

@@ -234,7 +234,8 @@ class _Arrays:
         n = len(records)
         sched = np.fromiter((r.scheduled_s for r in records), float, n)
         sent = np.fromiter((inf if r.sent_s is None else r.sent_s for r in records), float, n)
-        first = np.fromiter((inf if r.first_token_s is None else r.first_token_s
+        first = np.fromiter((r.first_token_s if r.first_token_s is not None
+                             else r.chunk_times_s[0] if r.chunk_times_s else inf
                              for r in records), float, n)
         end = np.fromiter((inf if r.end_s is None else r.end_s for r in records), float, n)
         ok = np.fromiter((r.end_s is not None and r.error is None for r in records), bool, n)
@@ -381,7 +382,12 @@ def judge(
     # Growth is only judged once the arrivals have run the minimum duration: before
     # that, a queue near (but under) capacity is still filling up, and its backlog
     # grows for tens of seconds without being overloaded.
-    if lower_slope is not None and lower_slope > allowed_slope and at_s >= min_s:
+    # Nor before the steady half starts two typical stays (p90 of the finished requests'
+    # end-to-end latency) after the first arrival: the queue fills for about one stay.
+    done_e2e = (a.end - a.sent)[a.ok]
+    stay = float(np.percentile(done_e2e, 90)) if done_e2e.size else math.inf
+    if (lower_slope is not None and lower_slope > allowed_slope and at_s >= min_s
+            and at_s >= 4.0 * stay):
         fails.append(f"backlog grows {slope:.3g} req/s (its {rule.fail_confidence:.0%} lower "
                      f"bound {lower_slope:.3g} > {allowed_slope:.3g}, {rule.backlog_share:.0%} "
                      "of the offered rate)")

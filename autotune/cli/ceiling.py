@@ -138,6 +138,9 @@ def ceiling(
     validate: Annotated[str, typer.Option(
         help="Run the cap this long at the end (virtual time on the simulator); a "
              "failed run steps it down 5%; 'off' skips it.")] = "5m",
+    backlog_share: Annotated[float, typer.Option(
+        help="Largest growth of the backlog, as a share of the offered rate, that a "
+             "probe may show and pass (its 95% bound must be under it).")] = 0.02,
 ) -> None:
     """Find the highest request rate that meets the SLO with confidence, and a cap."""
     with one_line_errors():
@@ -416,7 +419,7 @@ def _ceiling(o: SimpleNamespace) -> int:
                           min_rate=o.min_rate)
     from autotune.cli.search import parse_steady, parse_validate
 
-    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts)
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
     validate_s = parse_validate(o.validate)
     backend, where = _backend(o, kind, flags)
     try:

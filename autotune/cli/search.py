@@ -103,6 +103,9 @@ def search(
     max_duration: Annotated[str | None, typer.Option(
         help="An inconclusive load test runs on at the same rate up to this long "
              "(default 3x --min-duration).")] = None,
+    backlog_share: Annotated[float, typer.Option(
+        help="Largest growth of the backlog, as a share of the offered rate, that a "
+             "load test may show and pass (its 95% bound must be under it).")] = 0.02,
     tol: Annotated[float, typer.Option(
         help="Each trial's rate search stops when its passing and failing rates are "
              "this close (relative).")] = 0.03,
@@ -206,17 +209,17 @@ class Plan:
     validate_s: float | None = None
 
 
-def parse_steady(min_duration: str | None, max_duration: str | None, num_prompts: int
-                 ) -> Any:
+def parse_steady(min_duration: str | None, max_duration: str | None, num_prompts: int,
+                 backlog_share: float = 0.02) -> Any:
     """The steady-state rule of every load test from the CLI's duration options."""
     from autotune.verdict import SteadyState, VerdictError
 
     try:
         return SteadyState(min_duration_s=_duration("--min-duration", min_duration),
                            max_duration_s=_duration("--max-duration", max_duration),
-                           min_requests=num_prompts)
+                           min_requests=num_prompts, backlog_share=backlog_share)
     except VerdictError as exc:
-        raise UsageError(f"--min-duration/--max-duration: {exc}") from None
+        raise UsageError(f"--min-duration/--max-duration/--backlog-share: {exc}") from None
 
 
 def parse_validate(text: str) -> float | None:
@@ -273,7 +276,7 @@ def _validate(o: SimpleNamespace) -> Plan:
         raise UsageError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
     if o.max_probes < 1:
         raise UsageError(f"--max-probes must be at least 1, got {o.max_probes}")
-    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts)
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
     validate_s = parse_validate(o.validate)
     if not o.startup_timeout > 0:
         raise UsageError(f"--startup-timeout must be more than 0 seconds, got "

@@ -256,7 +256,7 @@ def _horizon(slo: Any) -> float:
 
 def _steady(o: SimpleNamespace, slo: Any) -> Any:
     """The steady-state rule when an SLO asks for a verdict; None otherwise."""
-    from autotune.cli.search import _duration
+    from autotune.options import duration as _duration
     from autotune.verdict import SteadyState, VerdictError
 
     if slo is None:

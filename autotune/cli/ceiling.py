@@ -231,7 +231,7 @@ def config_flags(o: SimpleNamespace) -> dict[str, Any]:
 
 
 def _sim_profile(o: SimpleNamespace) -> tuple[str, str, int]:
-    from autotune.cli.search import parse_profile
+    from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
     hw, mdl, count = parse_profile(o.profile, {"hardware": DEFAULT_SIM[0],
@@ -417,7 +417,7 @@ def _ceiling(o: SimpleNamespace) -> int:
                           num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
                           repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
                           min_rate=o.min_rate)
-    from autotune.cli.search import parse_steady, parse_validate
+    from autotune.options import parse_steady, parse_validate
 
     steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
     validate_s = parse_validate(o.validate)

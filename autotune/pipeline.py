@@ -1,0 +1,638 @@
+"""The search pipeline as a library call: ``run_search(SearchOptions(...))``.
+
+Prescreen on the simulator (optional), the Optuna study (each trial one config, one
+server start, its ceiling searched on the running server), refinement (optional),
+validation of the recommended cap, the recommendation and the report.  The CLI parses
+its options into :class:`SearchOptions` and calls :func:`run_search` once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autotune.files import atomic_write, json_safe
+from autotune.options import (
+    OptionsError,
+    duration,
+    parse_env,
+    parse_gpu_ids,
+    parse_profile,
+    parse_steady,
+    parse_validate,
+)
+
+BACKENDS = ("sim", "vllm", "attach")
+console = Console(stderr=False, highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write(path, json.dumps(json_safe(data), indent=2, allow_nan=False, default=str)
+                 + "\n")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """Everything ``autotune search`` (and the library call) takes, as the user gave it;
+    :func:`run_search` checks it all before anything is written."""
+
+    slo_p99: str | None = None
+    slo: str | None = None
+    space: str = "default"
+    gpus: int | None = None
+    profile: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    study_name: str | None = None
+    storage: str | None = None
+    sampler: str = "tpe"
+    n_trials: int | None = None
+    timeout: str | None = None
+    budget: str | None = None
+    objective: str = "tokens"
+    per_gpu: bool = False
+    num_prompts: int = 1000
+    warmup: int = 100
+    seed: int = 0
+    prescreen: str | None = None
+    prescreen_trials: int = 40
+    top_k: int = 3
+    vllm_cmd: str = "vllm serve"
+    url: str | None = None
+    no_prune: bool = False
+    headroom: float = 0.10
+    studies_dir: Path = Path("studies")
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    refine_top: int = 0
+    wandb: str | None = None
+    mlflow: str | None = None
+    startup_timeout: float = 900.0
+    gpu_ids: str | None = None
+    vllm_env: tuple[str, ...] = ()
+    min_duration: str | None = None
+    max_duration: str | None = None
+    backlog_share: float = 0.02
+    tol: float = 0.03
+    max_probes: int = 8
+    validate: str = "5m"
+
+    def __post_init__(self) -> None:
+        # Typer hands repeatable options over as lists; a frozen object keeps a tuple.
+        object.__setattr__(self, "vllm_env", tuple(self.vllm_env or ()))
+        object.__setattr__(self, "studies_dir", Path(self.studies_dir))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "", text.lower().replace(".", "p"))
+
+
+@dataclass
+class Plan:
+    """Everything validated, nothing written yet."""
+
+    slo: Any
+    space: Any
+    backend: str
+    name: str
+    storage: str
+    settings: Any
+    hardware: str
+    sim_model: str
+    gpus: int
+    steady: Any = None  # autotune.verdict.SteadyState
+    validate_s: float | None = None
+    gpu_ids: list[int] | None = None  # CUDA_VISIBLE_DEVICES of the launched server
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server
+
+
+def _validate(o: SearchOptions) -> Plan:
+    from autotune.slo import combine
+    from autotune.space import SearchSpace
+    from autotune.study import (
+        OBJECTIVES,
+        SAMPLERS,
+        StudySettings,
+        make_sampler,
+        storage_url,
+        validate_name,
+    )
+
+    if o.slo_p99 is None and o.slo is None:
+        raise OptionsError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
+    slo = combine(o.slo_p99, o.slo)
+    space = SearchSpace.load(o.space)
+    if o.sampler.lower() not in SAMPLERS:
+        raise OptionsError(f"unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}")
+    make_sampler(o.sampler, seed=o.seed, space=space)  # e.g. GP without PyTorch
+    if o.objective not in OBJECTIVES:
+        raise OptionsError(f"unknown objective {o.objective!r}; use tokens or requests")
+    backend = o.backend or ("attach" if o.url else "vllm" if o.model else "sim")
+    if backend not in BACKENDS:
+        raise OptionsError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "attach" and not o.url:
+        raise OptionsError("--backend attach needs --url of the running server")
+    if o.prescreen is not None and o.prescreen != "sim":
+        raise OptionsError(f"unknown --prescreen {o.prescreen!r}; the only pre-screen is 'sim'")
+    if o.prescreen and backend != "vllm":
+        raise OptionsError("--prescreen sim seeds a real study: use it with --backend vllm")
+    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
+                             ("--top-k", o.top_k, 1), ("--prescreen-trials",
+                                                       o.prescreen_trials, 1)):
+        if value < low:
+            raise OptionsError(f"{name} must be at least {low}, got {value}")
+    if o.n_trials is not None and o.n_trials < 1:
+        raise OptionsError(f"--n-trials must be at least 1, got {o.n_trials}")
+    if o.gpus is not None and o.gpus < 1:
+        raise OptionsError(f"--gpus must be at least 1, got {o.gpus}")
+    if not 0 <= o.headroom < 1:
+        raise OptionsError(f"--headroom must be in [0, 1), got {o.headroom}")
+    if o.refine_top < 0:
+        raise OptionsError(f"--refine-top must be 0 (off) or more, got {o.refine_top}")
+    if not 0 < o.tol < 1:
+        raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
+    if o.max_probes < 1:
+        raise OptionsError(f"--max-probes must be at least 1, got {o.max_probes}")
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
+    validate_s = parse_validate(o.validate)
+    if not o.startup_timeout > 0:
+        raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
+                         f"{o.startup_timeout:g}")
+    gpu_ids = parse_gpu_ids(o.gpu_ids)
+    env = parse_env(list(o.vllm_env))
+    timeout_s, budget_s = duration("--timeout", o.timeout), duration("--budget", o.budget)
+    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
+    heads = space.attention_heads
+    if backend == "sim" or o.prescreen:
+        from autotune.sim.profiles import ProfileError, load_hardware, load_model
+
+        try:
+            load_hardware(f"{count}x{hw}")
+            heads = load_model(sim_model).num_attention_heads
+        except (ProfileError, OSError, ValueError) as exc:
+            raise OptionsError(f"--profile {o.profile or hw}: {exc}") from None
+    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
+    validate_name(name)
+    url = storage_url(name, o.storage, o.studies_dir)
+    if o.storage:
+        _check_storage_url(url)
+    if o.storage and url.startswith("sqlite:///"):
+        folder = Path(url[len("sqlite:///"):]).resolve().parent
+        if not folder.is_dir():
+            raise OptionsError(f"cannot open storage {url}: folder {folder} does not exist")
+    settings = StudySettings(
+        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
+        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
+        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
+        # The default simulated study must finish in well under two minutes even on a
+        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
+        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
+        else 75.0,
+        budget_s=budget_s, prune=not o.no_prune, attention_heads=heads, tol=o.tol,
+        max_probes=o.max_probes, headroom=o.headroom)
+    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
+                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
+                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env)
+
+
+def _check_storage_url(url: str) -> None:
+    """A URL sqlalchemy cannot even parse, or whose database driver is missing, fails
+    here before the workload is built (reachability is checked when it is opened)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise OptionsError(f"cannot open storage {url}: {exc}") from None
+
+
+def _workload(o: SearchOptions, plan: Plan) -> Any:
+    from autotune.tokenizer import load_tokenizer
+    from autotune.workload import load_sharegpt
+
+    tok = load_tokenizer(o.tokenizer)
+    mml = o.max_model_len or int(plan.space.fixed.get("max_model_len") or 8192)
+    return load_sharegpt(tokenizer=tok, num_prompts=o.num_prompts + o.warmup,
+                         max_model_len=mml, seed=o.seed)
+
+
+def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) -> Any:
+    from autotune.trial import LoadPlan
+
+    reqs = list(wl.requests)
+    n_warm = min(warmup, max(len(reqs) - 1, 0))
+    return LoadPlan(slo=slo, requests=reqs[n_warm:], warmup_requests=reqs[:n_warm],
+                    warmup=n_warm, seed=seed, window_s=1.0, steady=steady)
+
+
+def _backend(o: SearchOptions, plan: Plan) -> Any:
+    from autotune.trial import ServerBackend, SimBackend
+
+    if plan.backend == "sim":
+        return SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    if plan.backend == "attach":
+        from autotune.server import AttachedServer
+
+        return ServerBackend(AttachedServer(o.url), name="attach", gpus=plan.gpus)
+    from autotune.server import VllmServer
+
+    cmd = shlex.split(o.vllm_cmd)
+    if not cmd:
+        raise OptionsError("--vllm-cmd is empty: give the command that starts vLLM")
+    model = o.model or plan.space.fixed.get("model")
+    if not model:
+        raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the space)")
+    server = VllmServer(str(model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
+                        log_dir=plan.settings.out_dir / "logs", env=plan.env,
+                        startup_timeout_s=o.startup_timeout, gpus=plan.gpu_ids)
+    return ServerBackend(server, name="vllm", gpus=plan.gpus)
+
+
+def _attach_space(space: Any) -> Any:
+    """An attached server cannot restart: only client-side parameters are searched."""
+    from dataclasses import replace
+
+    from autotune.space import CLIENT_PARAMS
+
+    params = {k: v for k, v in space.params.items() if k in CLIENT_PARAMS}
+    if not params:
+        raise OptionsError(f"space {space.name} has no request_rate to search on an attached "
+                         "server")
+    base = {k: v for k, v in space.baseline.items() if k in params}
+    return replace(space, params=params, baseline=base, rules=())
+
+
+# ----------------------------------------------------------------------------- live view
+
+
+class LiveView:
+    """A rich table of the trials so far (one line per trial when not a terminal)."""
+
+    def __init__(self, out: Console, slo: Any, backend: str) -> None:
+        self.out = out
+        self.slo = slo
+        self.rows: list[list[str]] = []
+        self.live: Live | None = None
+        self.how = ("simulated (virtual time)" if backend == "sim"
+                    else "measured (HTTP)")
+
+    def __enter__(self) -> LiveView:
+        if self.out.is_terminal:
+            self.live = Live(self._table(), console=self.out, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        t = Table(title=f"trials ({self.how}; SLO {self.slo})", title_justify="left")
+        for col in ("#", "config", "rate", "goodput tok/s", "P99 e2e s", "result"):
+            t.add_column(col, justify="right" if col in ("#", "rate", "goodput tok/s",
+                                                         "P99 e2e s") else "left")
+        for row in self.rows[-20:]:
+            t.add_row(*row)
+        return t
+
+    def add(self, number: int, result: Any, violations: list[Any]) -> None:
+        from autotune.recommend import flags_line
+
+        if result is None:
+            row = [str(number), "", "", "-", "-",
+                   "not launched: " + "; ".join(str(v) for v in violations)]
+        else:
+            s = result.summary
+            good = "-" if s is None or not result.feasible else f"{s.goodput_tokens:,.0f}"
+            p99 = "-" if s is None or not math.isfinite(s.e2e.p99) else f"{s.e2e.p99:.2f}"
+            if result.feasible:
+                verdict = "ceiling"
+            elif result.status == "pruned" and result.prune is not None:
+                verdict = f"pruned at {result.prune.at_s:.0f}s: {result.reason}"
+            elif result.status == "pruned" or result.reason == "below_incumbent":
+                verdict = f"below_incumbent: fails the rate that beats the best ({result.rate:.2f})"
+            else:
+                verdict = f"infeasible: {result.reason}"
+                if result.detail and result.reason != "slo_missed":
+                    verdict += f" ({result.detail[:60]})"
+            row = [str(number), flags_line(result.flags), f"{result.rate:.2f}", good, p99,
+                   verdict]
+        self.rows.append(row)
+        if self.live is not None:
+            self.live.update(self._table())
+        else:
+            self.out.print(f"trial {row[0]:>3}  {row[1]:<48} rate {row[2]:>6}  "
+                           f"goodput {row[3]:>8}  p99 {row[4]:>6}  {row[5]}",
+                           soft_wrap=True, highlight=False)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_search(o: SearchOptions) -> int:
+    """The whole pipeline: prescreen, study, refinement, validation, recommendation,
+    report.  Returns the exit code (0, 1 when no config met the SLO, 130 on Ctrl-C)."""
+    import optuna
+
+    from autotune import recommend as rec_mod
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autotune.storage import mask_url, open_storage
+    from autotune.study import rate_bounds, run_study
+
+    plan = _validate(o)
+    from autotune.trackers import make_trackers, optuna_callback
+
+    # A missing tracker package fails here, before anything is written or run.
+    trackers = make_trackers(wandb_project=o.wandb, mlflow_uri=o.mlflow)
+    on_trial_end = optuna_callback(trackers, plan.name) if trackers else None
+    if plan.backend == "attach":
+        plan.space = _attach_space(plan.space)
+        plan.settings.space = plan.space
+    elif o.model and "model" not in plan.space.fixed:
+        # So the recommendation's `vllm serve` line names the model that was measured.
+        from dataclasses import replace
+
+        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
+        plan.settings.space = plan.space
+    wl = _workload(o, plan)
+    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
+    # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
+    # retries (autotune.storage), so `autotune worker`s can share the study.
+    storage = open_storage(plan.storage)
+    out = console
+    rule = plan.steady
+    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
+              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
+              f"({len(load_plan.requests)} requests, cycled), tokens counted with "
+              f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
+              f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
+              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
+              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
+              "its steady-state verdict is certain", soft_wrap=True)
+    enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    if o.prescreen:
+        enqueue = _prescreen(o, plan, load_plan, storage, out)
+    backend = _backend(o, plan)
+    try:
+        with LiveView(out, plan.slo, plan.backend) as view:
+            run = run_study(plan.settings, backend, load_plan, storage=storage,
+                            enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end)
+        views = _views(run.study)
+        bounds = rate_bounds(plan.space)
+        rec = rec_mod.recommend(
+            views, slo=str(plan.slo),
+            objective=("output tok/s" if o.objective == "tokens" else "req/s")
+            + (" per GPU" if o.per_gpu else ""),
+            headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        if o.refine_top:
+            ceilings = _refine(o, plan, run, backend, load_plan, out)
+            rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
+                                         objective=o.objective, per_gpu=o.per_gpu)
+        if plan.backend == "attach":
+            rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
+                                "cannot see its flags; keep them and enforce the rate cap)")
+        if plan.validate_s and rec.rate_cap:
+            _validate_cap(rec, backend, load_plan, plan, out)
+        _rate_table(rec, run.study, backend)
+    except rec_mod.RecommendError as exc:
+        err_console.print(f"[bold red]no recommendation:[/] {exc}", soft_wrap=True)
+        _report(plan, out)  # the trials that ran are still worth a look
+        return 1
+    except KeyboardInterrupt:
+        err_console.print("interrupted: the finished trials are saved; run the same "
+                          "command to resume", soft_wrap=True)
+        return 130
+    finally:
+        backend.close()
+        for t in trackers:
+            with contextlib.suppress(Exception):
+                t.close()
+    if run.stale_failed:
+        rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
+                         "marked failed and retried")
+    pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
+    rec.notes.append(
+        f"this run: {run.new_trials} new trials in {run.wall_s:.1f} s wall, "
+        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
+        f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
+        "one load test below the incumbent's rate")
+    folder = plan.settings.out_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "recommendation.json", rec.to_dict())
+    md = rec_mod.to_markdown(rec)
+    atomic_write(folder / "recommendation.md", md)
+    _print(out, rec, folder)
+    _report(plan, out)
+    return 0
+
+
+def _refine(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
+            out: Console) -> list[Any]:
+    """The ceiling search on the best configs, on the study's backend."""
+    from autotune.study import refine_ceilings
+
+    how = "simulated (virtual time)" if backend.mode == "virtual" else "measured (HTTP)"
+    # On the simulator each probe is cheap but not free: the default study must stay
+    # well under two minutes, so probes use at most 1000 measured requests there.
+    n = min(len(load_plan.requests), 1000) if backend.mode == "virtual" else None
+    out.print(f"refining the ceilings of the top {o.refine_top} configs ({how}; ceiling "
+              "search from each trial's rate, every probe a full load test, a 95% upper "
+              "bound on each limit's percentile must meet the SLO)", soft_wrap=True)
+
+    def show(c: Any) -> None:
+        out.print(f"  ceiling of trial {c.trial}: {c.result.sentence()}", soft_wrap=True,
+                  highlight=False)
+
+    return refine_ceilings(run.rows, backend, load_plan, top_k=o.refine_top,
+                           headroom=o.headroom, num_prompts=n,
+                           max_probes=8 if backend.mode == "virtual" else 6,
+                           out_dir=plan.settings.out_dir, on_ceiling=show)
+
+
+def _report(plan: Plan, out: Console) -> None:
+    """The HTML/Markdown report; a failure here must never lose the study."""
+    try:
+        from autotune.report import write_report
+
+        paths = write_report(plan.name, plan.storage, plan.settings.out_dir)
+    except Exception as exc:  # the study and recommendation are already saved
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        err_console.print(f"warning: no report written ({type(exc).__name__}: {first}); "
+                          f"the study is saved: run autotune report --study-name {plan.name}",
+                          soft_wrap=True)
+        return
+    html, md = getattr(paths, "html", None), getattr(paths, "markdown", None)
+    out.print(f"wrote report {html} and {md}", soft_wrap=True)
+
+
+def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: Console
+               ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    from dataclasses import replace
+
+    from autotune.study import prescreen_enqueue, rows_from_study, run_study
+    from autotune.trial import SimBackend
+
+    sim = SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
+                  timeout_s=None, budget_s=None)
+    run = run_study(pre, sim, load_plan, storage=storage)
+    picks = prescreen_enqueue(rows_from_study(run.study, plan.space), plan.space,
+                              top_k=o.top_k)
+    out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
+              f"measuring the top {len(picks)} configs first, each at its predicted "
+              "ceiling", soft_wrap=True)
+    return picks
+
+
+def _views(study: Any) -> list[Any]:
+    from optuna.trial import TrialState
+
+    from autotune.recommend import view_from_row
+
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.RUNNING, TrialState.WAITING):
+            continue
+        out.append(view_from_row(t.number, t.user_attrs, value=t.value, state=t.state.name,
+                                 baseline=bool(t.user_attrs.get("baseline")),
+                                 params=t.params))
+    return out
+
+
+def _rate_table(rec: Any, study: Any, backend: Any) -> None:
+    """The seed-style table for the recommended config, from its own trial's load tests
+    (the rate search) and the validation runs: no extra server time is spent."""
+    from autotune.recommend import table_row
+
+    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == rec.best.trial)
+    res = trial.user_attrs.get("result") or {}
+    probes = (res.get("ceiling") or {}).get("probes") or []
+    origin = res.get("repeat_of")
+    if not probes and origin is not None:
+        twin = next(t for t in study.get_trials(deepcopy=False) if t.number == origin)
+        probes = ((twin.user_attrs.get("result") or {}).get("ceiling") or {}).get("probes") or []
+    measured = backend.mode != "virtual"
+    for p in sorted((p for p in probes if p.get("rate") is not None),
+                    key=lambda p: (p["rate"], p["index"])):
+        e2e = next((c for c in p.get("checks") or [] if c.get("label", "").endswith("e2e")),
+                   None) or {}
+        util = p.get("gpu_util")
+        row = table_row(p["rate"], output_throughput=p.get("output_throughput"),
+                        p99_e2e_s=e2e.get("observed_s"),
+                        gpu_util_pct=None if util is None else 100.0 * util,
+                        feasible=p.get("verdict") == "pass",
+                        pruned_by=None if p.get("verdict") != "inconclusive"
+                        else "inconclusive", measured=measured)
+        row["phase"] = p.get("phase")
+        rec.table.append(row)
+    for run in (rec.validation or {}).get("runs") or []:
+        pct = run.get("percentiles") or {}
+        p99 = next((v for k, v in pct.items() if k.endswith("e2e")), None)
+        row = table_row(run["rate"], output_throughput=None, p99_e2e_s=p99, gpu_util_pct=None,
+                        feasible=run.get("verdict") == "pass", pruned_by=None,
+                        measured=measured)
+        row["phase"] = "validation"
+        rec.table.append(row)
+    rec.table_how = (("Measured" if measured else "Simulated (virtual time)")
+                     + f": the load tests of trial {rec.best.trial}'s rate search (each sized by "
+                     "time and stopped when its steady-state verdict was certain; output tok/s "
+                     "over each test's judged requests) and the validation runs at the cap.")
+
+
+def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console) -> None:
+    """The recommended config at its cap for ``--validate`` (the seed's 5 minutes)."""
+    from autotune.validation import validate_cap
+
+    how = "virtual time" if backend.mode == "virtual" else "real time"
+    out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
+              f"{plan.validate_s / 60:g} min ({how}); a failed run steps the cap down 5%",
+              soft_wrap=True)
+    val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
+                       duration_s=float(plan.validate_s or 300.0),
+                       on_run=lambda r: out.print(
+                           f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
+                           soft_wrap=True, highlight=False))
+    rec.validation = val.to_dict()
+    rec.rate_cap = None if val.rate is None else round(val.rate, 2)
+    rec.notes.append(val.sentence())
+
+
+def _print(out: Console, rec: Any, folder: Path) -> None:
+    from autotune.recommend import flags_line
+
+    b = rec.best
+    out.print()
+    out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
+              soft_wrap=True)
+    out.print(f"  goodput {b.goodput_tokens:,.0f} output tok/s ({b.goodput_requests:.2f} "
+              f"req/s) at {b.rate:.2f} req/s, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
+              f"{b.attainment:.1%}", soft_wrap=True)
+    if b.predicted:
+        p = b.predicted
+        out.print(f"  predicted by the simulator pre-screen: ceiling "
+                  f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
+                  f"{p.get('goodput_tokens') or 0:,.0f} tok/s, P99 {p.get('p99_e2e_s') or 0:.2f} s"
+                  " (simulated) vs measured above", soft_wrap=True)
+    ratio = rec.vs_baseline.get("objective_ratio")
+    base = rec.baseline
+    if base is not None:
+        verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
+                   else rec.vs_baseline.get("note", ""))
+        out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
+                  f"{base.rate:g} req/s): {verdict}", soft_wrap=True)
+        ceil_ratio = rec.vs_baseline.get("goodput_ratio_at_ceilings")
+        if ceil_ratio is not None:
+            out.print(f"  vs vLLM defaults at their own ceiling "
+                      f"({rec.vs_baseline['baseline_ceiling_rate']:.2f} req/s, "
+                      f"{rec.vs_baseline['baseline_ceiling_goodput_tokens']:,.0f} tok/s, "
+                      f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
+        elif rec.vs_baseline.get("baseline_ceiling_note"):
+            out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
+    why = ("its ceiling: the highest rate whose steady-state load test passed in its "
+           "trial's rate search")
+    if rec.validation is not None:
+        out.print("  " + str(rec.validation.get("sentence")), soft_wrap=True, highlight=False)
+    if rec.rate_cap is None:
+        out.print(f"  [bold red]no rate cap:[/] no validation run passed at or below "
+                  f"{b.max_feasible_rate:.2f} req/s", soft_wrap=True)
+    else:
+        out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
+                  f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why}"
+                  + (", then validated" if rec.validation and rec.validation.get("passed")
+                     else "") + ")", soft_wrap=True)
+    out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
+    for p in rec.next_best:
+        out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
+                  f"{p.goodput_tokens:,.0f} tok/s, P99 {p.p99_e2e_s:.2f} s", soft_wrap=True)
+    if rec.table:
+        t = Table(title="recommended config across rates", caption=rec.table_how,
+                  title_justify="left", caption_justify="left")
+        for col in ("rate (req/s)", "output tok/s", "P99 e2e (s)", "GPU util", "verdict"):
+            t.add_column(col, justify="left" if col == "verdict" else "right")
+        for row in rec.table:
+            gpu = row.get("gpu_util_pct")
+            t.add_row(f"{row['rate']:.4g}",
+                      "-" if row["output_throughput"] is None
+                      else f"{row['output_throughput']:,.0f}",
+                      "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",
+                      "-" if gpu is None else f"{gpu:.0f}%"
+                      + (" (sim)" if row["source"] == "simulated" else ""),
+                      row["verdict"])
+        out.print(t)
+    for note in rec.notes:
+        out.print(f"note: {note}", soft_wrap=True)
+    out.print(f"wrote {folder / 'recommendation.json'} and {folder / 'recommendation.md'}",
+              soft_wrap=True)

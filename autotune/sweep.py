@@ -272,6 +272,15 @@ def overload_verdict(result: TrialResult, plan: LoadPlan,
         return None, f"not measured: {result.reason}: {result.detail}"
     if result.status == PRUNED:
         return True, f"pruned: {result.reason}"
+    ev = result.evidence
+    if ev is not None and math.isfinite(ev.offered_rate) and ev.arrival_rate > 0:
+        # The steady-state evidence: the same reading as every verdict.
+        if ev.backlog_lower is not None and ev.backlog_lower > ev.backlog_allowed:
+            return True, f"queueing: backlog grows {ev.backlog_slope:.3g} req/s"
+        if ev.served_rate < SERVED_SHARE * ev.arrival_rate:
+            return True, f"serves {ev.served_rate:.1f} of {ev.arrival_rate:.1f} req/s"
+        return False, (f"backlog steady, serves {ev.served_rate:.1f} of "
+                       f"{ev.arrival_rate:.1f} req/s")
     decision = decide(result.windows, plan.slo, planned=len(plan.requests),
                       settings=PrunerSettings(rules=(UNBOUNDED_BACKLOG,)))
     offered = s.scheduled_rate

@@ -99,7 +99,9 @@ class StudySpec:
         "distribution": "fixed", "seed": 0})
     load: dict[str, Any] = field(default_factory=lambda: {
         "warmup": 20, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
-        "request_timeout_s": 600.0, "max_concurrency": None, "seed": 0})
+        "request_timeout_s": 600.0, "max_concurrency": None, "seed": 0,
+        "min_duration_s": None, "max_duration_s": None, "backlog_share": 0.02,
+        "max_probes": 8, "tol": 0.03})
     sim: dict[str, Any] = field(default_factory=dict)  # {"hardware": ..., "model": ...}
 
     def to_dict(self) -> dict[str, Any]:
@@ -469,7 +471,13 @@ def build_plan(spec: StudySpec) -> Any:
     tok = load_tokenizer(w.pop("tokenizer", None))
     workload = build_workload(kind, tokenizer=tok, **w)
     load = dict(spec.load)
-    return LoadPlan(slo=parse_slo(spec.slo), requests=list(workload.requests),
+    from autotune.verdict import SteadyState
+
+    steady = SteadyState(min_duration_s=load.get("min_duration_s"),
+                         max_duration_s=load.get("max_duration_s"),
+                         min_requests=int(spec.workload.get("num_prompts", 0) or 0),
+                         backlog_share=float(load.get("backlog_share", 0.02)))
+    return LoadPlan(slo=parse_slo(spec.slo), requests=list(workload.requests), steady=steady,
                     warmup=int(load.get("warmup", 0)), seed=int(load.get("seed", 0)),
                     process=str(load.get("process", "poisson")),
                     burstiness=float(load.get("burstiness", 1.0)),
@@ -500,7 +508,6 @@ class _Surplus(Exception):
 
 def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> WorkerRun:
     """Join ``opts.study`` and run trials until it holds n_trials finished ones."""
-    from autotune.pruning import OverloadPruner
     from autotune.study import Objective, open_study
 
     wid = worker_id()
@@ -517,13 +524,17 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
         name=opts.study, slo=slo, space=space, sampler=spec.sampler, storage=None,
         studies_dir=opts.studies_dir, objective=spec.objective, per_gpu=spec.per_gpu,
         gpus=spec.gpus, seed=_worker_seed(spec.seed, wid), n_trials=n_trials,
-        prune=spec.prune, attention_heads=space.attention_heads)
-    pruner = OverloadPruner(slo, settings.pruner) if settings.prune else None
-    study = open_study(settings, storage, pruner)
+        prune=spec.prune, attention_heads=space.attention_heads,
+        tol=float(spec.load.get("tol", 0.03)),
+        max_probes=int(spec.load.get("max_probes", 8)))
+    pruner = None  # each trial's load tests stop on their own steady-state verdicts
+    # What trials sample: the server parameters (each trial searches its own rate).
+    config_space = space.for_configs(gpus=spec.gpus, attention_heads=space.attention_heads)
+    study = open_study(settings, storage, pruner, space=config_space)
     if created:
         from autotune.study import enqueue_baseline
 
-        enqueue_baseline(study, space)
+        enqueue_baseline(study, config_space)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     if n_gpus is not None and spec.gpus is not None and n_gpus < spec.gpus:
         say(f"note: this worker has {n_gpus} GPU(s), the study plans for {spec.gpus}: "

@@ -286,8 +286,13 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
     assert f"| trial | {best['trial']} |" in md
     assert f"{best['goodput_tokens']:,.1f}" in page.cells
     # The search appended one experiments.csv row per load test; pandas reads them all.
+    import optuna
     import pandas as pd
 
     df = pd.read_csv(out / "experiments.csv")
-    ran = [x for x in data.rows if x.get("num_measured")]
-    assert len(df) == len(ran) and set(df["trial"]) == {x["trial"] for x in ran}
+    study = optuna.load_study(study_name="simrep", storage=f"sqlite:///{studies}/simrep.db")
+    probes = {t.number: len(t.user_attrs["result"]["ceiling"]["probes"]) for t in study.trials
+              if (t.user_attrs.get("result") or {}).get("ceiling")
+              and "repeat_of" not in t.user_attrs["result"]}
+    assert len(df) == sum(probes.values()) > len(probes)  # every probe of every search
+    assert df.groupby("trial").size().to_dict() == probes

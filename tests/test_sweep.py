@@ -186,7 +186,10 @@ def test_cli_sim_sweep_writes_table_csv_json_png(tmp_path: Path) -> None:
     assert "P99 e2e s [95% bound]" in stdout and "knee (simulated)" in stdout
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     assert [float(r["rate"]) for r in rows] == [2.0, 4.0, 6.0]
-    assert all(r["source"] == "simulated" and int(r["num_measured"]) == 120 for r in rows)
+    # Each point is a steady-state test: sized by time (at least 60 s of arrivals at
+    # 2-6 req/s, so more than the 120-request floor), not by count.
+    assert all(r["source"] == "simulated" and int(r["num_measured"]) >= 120 for r in rows)
+    assert "at least 60 s of arrivals per point" in stdout
     data = json.loads((out / "sweep.json").read_text())
     assert data["simulated"] and "all" in data["knees"] and len(data["points"]) == 3
     for name in ("p99_e2e_s", "output_throughput", "gpu_util_mean_pct"):

@@ -94,6 +94,13 @@ def sweep(
     knee_rise: Annotated[float, typer.Option(
         help="... while P99 rises over this share.")] = 0.50,
     seed: Annotated[int, typer.Option(help="Seed of workload and arrivals.")] = 0,
+    min_duration: Annotated[str | None, typer.Option(
+        help="Arrivals of each point last at least this long before it may pass "
+             "(default max(60s, 6x the largest latency limit)); 'count' for fixed-count "
+             "points of --num-prompts requests, as vllm bench serve runs them.")] = None,
+    max_duration: Annotated[str | None, typer.Option(
+        help="An inconclusive point runs on at the same rate up to this long "
+             "(default 3x --min-duration).")] = None,
     out: Annotated[Path | None, typer.Option(
         help="Output folder (default studies/sweep-<timestamp>).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG plots.")] = False,
@@ -226,8 +233,12 @@ def _sweep(o: SimpleNamespace) -> None:
     console.print(f"sweep: {escape(spec.describe())}; backend {kind}"
                   + (f" ({sim[2]}x{sim[0]}, {sim[1]})" if sim else "")
                   + f"; {label}; SLO {slo}; workload {escape(wl.source)}, "
-                    f"{len(plan.requests)} measured + {plan.warmup} warm-up requests per "
-                    "point", soft_wrap=True)
+                    + (f"{len(plan.requests)} measured + {plan.warmup} warm-up requests per "
+                       "point" if plan.steady is None else
+                       f"{plan.warmup} warm-up requests, then at least "
+                       f"{plan.steady.min_s(slo):g} s of arrivals per point (up to "
+                       f"{plan.steady.max_s(slo):g} s), each judged on steady-state evidence"),
+                  soft_wrap=True)
 
     def progress(p: Any) -> None:
         err_console.print(f"[dim]point {spec.param or ''}{'=' if spec.param else ''}"
@@ -266,11 +277,18 @@ def _workload(o: SimpleNamespace) -> Any:
 
 
 def _plan(o: SimpleNamespace, slo: Any, wl: Any) -> Any:
+    """Each point is the steady-state load test of search and ceiling (sized by time,
+    judged pass / fail / inconclusive), unless ``--min-duration count`` asks for
+    fixed-count points."""
+    from autotune.options import parse_steady
     from autotune.trial import LoadPlan
 
+    count = (o.min_duration or "").strip().lower() == "count"
+    steady = None if count else parse_steady(o.min_duration, o.max_duration, o.num_prompts)
     reqs = list(wl.requests)
     return LoadPlan(slo=slo, requests=reqs[o.warmup:], warmup_requests=reqs[: o.warmup],
-                    warmup=o.warmup, seed=o.seed, process=o.arrival, window_s=1.0)
+                    warmup=o.warmup, seed=o.seed, process=o.arrival, window_s=1.0,
+                    steady=steady)
 
 
 def _backend(o: SimpleNamespace, kind: str, sim: tuple[str, str, int] | None,

@@ -65,6 +65,18 @@ def worker(
     wait: Annotated[str, typer.Option(
         help="How long to wait for the study to be created by someone else (a search or "
              "a worker given --space/--slo), e.g. 10m, 30s; 0: do not wait.")] = "10m",
+    min_duration: Annotated[str | None, typer.Option(
+        help="With --space: arrivals of each load test last at least this long before it "
+             "may pass (default max(60s, 6x the largest latency limit)).")] = None,
+    max_duration: Annotated[str | None, typer.Option(
+        help="With --space: an inconclusive load test runs on up to this long.")] = None,
+    backlog_share: Annotated[float, typer.Option(
+        help="With --space: largest backlog growth, as a share of the offered rate, a "
+             "passing load test may show.")] = 0.02,
+    max_probes: Annotated[int, typer.Option(
+        help="With --space: load tests one trial's rate search may run.")] = 8,
+    tol: Annotated[float, typer.Option(
+        help="With --space: each rate search stops at this relative gap.")] = 0.03,
     pace_s: Annotated[float, typer.Option(hidden=True)] = 0.0,
     poll_s: Annotated[float, typer.Option(hidden=True)] = 1.0,
 ) -> None:
@@ -82,6 +94,7 @@ def worker(
             raise fail("give both --space and --slo (to create or check the study), or "
                        "neither (to take the study's)")
         if space is not None and slo is not None:
+            from autotune.options import duration
             from autotune.slo import parse_slo
             from autotune.space import SearchSpace
 
@@ -95,7 +108,9 @@ def worker(
                           "distribution": "fixed", "seed": seed},
                 load={"warmup": warmup, "process": "poisson", "burstiness": 1.0,
                       "window_s": 1.0, "request_timeout_s": 600.0, "max_concurrency": None,
-                      "seed": seed})
+                      "seed": seed, "min_duration_s": duration("--min-duration", min_duration),
+                      "max_duration_s": duration("--max-duration", max_duration),
+                      "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol})
         opts = WorkerOptions(
             study=study, storage=storage, spec=spec, gpus=parse_gpus(gpus), n_trials=n_trials,
             backend=backend.value, vllm_cmd=vllm_cmd, model=model, studies_dir=studies_dir,

@@ -10,7 +10,7 @@ import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,6 +20,18 @@ from autotune.errors import AutotuneError
 from autotune.files import atomic_write
 from autotune.metrics import LatencyStats, Summary
 from autotune.records import RequestRecord
+
+# The steady-state options of every command that runs load tests, defined once so that
+# each means the same everywhere (autotune.verdict.SteadyState).
+MinDuration = Annotated[str | None, typer.Option(
+    help="Arrivals of each load test last at least this long before it may pass "
+         "(default max(60s, 6x the largest latency limit)).")]
+MaxDuration = Annotated[str | None, typer.Option(
+    help="An inconclusive load test runs on at the same rate up to this long "
+         "(default 3x --min-duration).")]
+BacklogShare = Annotated[float, typer.Option(
+    help="Largest growth of the backlog, as a share of the offered rate, that a load "
+         "test may show and pass (its 95% upper bound must be under it).")]
 
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    MaxDuration,
+    MinDuration,
     UsageError,
     atomic_write,
     check_writable,
@@ -125,12 +127,8 @@ def bench(
     param: Annotated[list[str] | None, typer.Option(
         help="--backend sim: a server flag as key=value (repeatable), e.g. "
              "tensor_parallel_size=4.")] = None,
-    min_duration: Annotated[str | None, typer.Option(
-        help="With an SLO: arrivals last at least this long before the test may pass "
-             "(default max(60s, 6x the largest latency limit)).")] = None,
-    max_duration: Annotated[str | None, typer.Option(
-        help="With an SLO: an inconclusive test runs on up to this long (default 3x "
-             "--min-duration).")] = None,
+    min_duration: MinDuration = None,
+    max_duration: MaxDuration = None,
     duration: Annotated[str | None, typer.Option(
         help="With an SLO: run exactly this long (sets both durations), e.g. 5m to "
              "validate a cap.")] = None,

@@ -21,6 +21,9 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    BacklogShare,
+    MaxDuration,
+    MinDuration,
     UsageError,
     atomic_write,
     check_writable,
@@ -129,18 +132,12 @@ def ceiling(
         help="Write the result and every probe's summary as JSON.")] = None,
     csv_path: Annotated[Path | None, typer.Option(
         "--csv", help="Write one row per probe and SLO limit.")] = None,
-    min_duration: Annotated[str | None, typer.Option(
-        help="Arrivals of each probe last at least this long before it may pass "
-             "(default max(60s, 6x the largest latency limit)).")] = None,
-    max_duration: Annotated[str | None, typer.Option(
-        help="An inconclusive probe runs on at the same rate up to this long "
-             "(default 3x --min-duration).")] = None,
+    min_duration: MinDuration = None,
+    max_duration: MaxDuration = None,
     validate: Annotated[str, typer.Option(
         help="Run the cap this long at the end (virtual time on the simulator); a "
              "failed run steps it down 5%; 'off' skips it.")] = "5m",
-    backlog_share: Annotated[float, typer.Option(
-        help="Largest growth of the backlog, as a share of the offered rate, that a "
-             "probe may show and pass (its 95% bound must be under it).")] = 0.02,
+    backlog_share: BacklogShare = 0.02,
 ) -> None:
     """Find the highest request rate that meets the SLO with confidence, and a cap."""
     with one_line_errors():

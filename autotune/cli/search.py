@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import one_line_errors
+from autotune.cli._common import BacklogShare, MaxDuration, MinDuration, one_line_errors
 
 
 @app.command("search")
@@ -77,15 +77,9 @@ def search(
     refine_top: Annotated[int, typer.Option(
         help="After the study, run the ceiling search again on this many best configs "
              "(each trial already found its config's ceiling; 0: off).")] = 0,
-    min_duration: Annotated[str | None, typer.Option(
-        help="Arrivals of each load test last at least this long before it may pass "
-             "(default max(60s, 6x the largest latency limit)).")] = None,
-    max_duration: Annotated[str | None, typer.Option(
-        help="An inconclusive load test runs on at the same rate up to this long "
-             "(default 3x --min-duration).")] = None,
-    backlog_share: Annotated[float, typer.Option(
-        help="Largest growth of the backlog, as a share of the offered rate, that a "
-             "load test may show and pass (its 95% bound must be under it).")] = 0.02,
+    min_duration: MinDuration = None,
+    max_duration: MaxDuration = None,
+    backlog_share: BacklogShare = 0.02,
     tol: Annotated[float, typer.Option(
         help="Each trial's rate search stops when its passing and failing rates are "
              "this close (relative).")] = 0.03,

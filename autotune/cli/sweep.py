@@ -21,6 +21,7 @@ from rich.table import Table
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    MaxDuration,
     UsageError,
     atomic_write,
     console,
@@ -98,9 +99,7 @@ def sweep(
         help="Arrivals of each point last at least this long before it may pass "
              "(default max(60s, 6x the largest latency limit)); 'count' for fixed-count "
              "points of --num-prompts requests, as vllm bench serve runs them.")] = None,
-    max_duration: Annotated[str | None, typer.Option(
-        help="An inconclusive point runs on at the same rate up to this long "
-             "(default 3x --min-duration).")] = None,
+    max_duration: MaxDuration = None,
     out: Annotated[Path | None, typer.Option(
         help="Output folder (default studies/sweep-<timestamp>).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG plots.")] = False,

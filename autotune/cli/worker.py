@@ -10,7 +10,15 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import console, err_console, fail, one_line_errors
+from autotune.cli._common import (
+    BacklogShare,
+    MaxDuration,
+    MinDuration,
+    console,
+    err_console,
+    fail,
+    one_line_errors,
+)
 
 
 class WorkerBackend(str, Enum):
@@ -65,14 +73,9 @@ def worker(
     wait: Annotated[str, typer.Option(
         help="How long to wait for the study to be created by someone else (a search or "
              "a worker given --space/--slo), e.g. 10m, 30s; 0: do not wait.")] = "10m",
-    min_duration: Annotated[str | None, typer.Option(
-        help="With --space: arrivals of each load test last at least this long before it "
-             "may pass (default max(60s, 6x the largest latency limit)).")] = None,
-    max_duration: Annotated[str | None, typer.Option(
-        help="With --space: an inconclusive load test runs on up to this long.")] = None,
-    backlog_share: Annotated[float, typer.Option(
-        help="With --space: largest backlog growth, as a share of the offered rate, a "
-             "passing load test may show.")] = 0.02,
+    min_duration: MinDuration = None,
+    max_duration: MaxDuration = None,
+    backlog_share: BacklogShare = 0.02,
     max_probes: Annotated[int, typer.Option(
         help="With --space: load tests one trial's rate search may run.")] = 8,
     tol: Annotated[float, typer.Option(

@@ -307,6 +307,18 @@ class LiveView:
             t.add_row(*row)
         return t
 
+    def probe(self, number: int, p: Any) -> None:
+        """Each load test of a trial's rate search as it ends: a plain line, so a log
+        file or a pod shows progress while a real trial runs for minutes."""
+        if self.how.startswith("simulated"):
+            return  # virtual time: a whole study takes seconds, the trial lines suffice
+        rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3g}"
+        ev = p.evidence
+        how = "" if ev is None else (f" after {ev.at_s:.0f} s of arrivals, {ev.cohort} "
+                                     f"requests judged: {ev.reasons[0][:100]}")
+        self.out.print(f"  trial {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
+                       f" {p.verdict}{how}", soft_wrap=True, highlight=False, markup=False)
+
     def add(self, number: int, result: Any, violations: list[Any]) -> None:
         from autotune.recommend import flags_line
 
@@ -389,7 +401,8 @@ def run_search(o: SearchOptions) -> int:
     try:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
-                            enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end)
+                            enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
+                            on_probe=view.probe)
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(

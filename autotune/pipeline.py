@@ -199,7 +199,8 @@ def _validate(o: SearchOptions) -> Plan:
         # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
         timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
         else 75.0,
-        budget_s=budget_s, prune=not o.no_prune, attention_heads=heads, tol=o.tol,
+        budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
+        attention_heads=heads, tol=o.tol,
         max_probes=o.max_probes, headroom=o.headroom)
     return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
                 settings=settings, hardware=hw, sim_model=sim_model, gpus=count,

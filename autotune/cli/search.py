@@ -64,7 +64,8 @@ def search(
     url: Annotated[str | None, typer.Option(
         help="Attach to this running server (only the rate cap is searched).")] = None,
     no_prune: Annotated[bool, typer.Option(
-        "--no-prune", help="Run every load test to the end.")] = False,
+        "--no-prune", help="No beat-the-incumbent pruning: every config gets its whole "
+                           "ceiling search (as a sweep would).")] = False,
     headroom: Annotated[float, typer.Option(
         help="Rate cap this share under the highest feasible rate.")] = 0.10,
     studies_dir: Annotated[Path, typer.Option(

@@ -39,6 +39,7 @@ from autotune.workload import Request
 # A probe that completes fewer requests per second than this share of its offered
 # rate could not keep up: its throughput estimates the service capacity.
 OVERLOAD_SHARE = 0.95
+SATURATION_REQUESTS = 200
 SECANT_SHARE = 0.5
 PHASES = ("saturation", "incumbent", "bracket", "bisect", "more-requests", "repeat")
 # "inconclusive": a load test sized by time that ran to its cap without a certain
@@ -666,7 +667,10 @@ def find_ceiling(
     saturated: float | None = None
     saturated_how: str | None = None
     if start_rate is None:
-        sat = search.run_one(math.inf, search.n, "saturation",
+        # Its only use is a starting rate: a few hundred requests at once measure the
+        # service rate; the whole (time-sized) request count would make a real server
+        # drain minutes of work before the search even starts.
+        sat = search.run_one(math.inf, min(search.n, SATURATION_REQUESTS), "saturation",
                              note="every request at once: measures saturated throughput")
         saturated, saturated_how = sat.request_throughput, "measured at rate inf"
         if not saturated > 0:

@@ -21,16 +21,19 @@ from __future__ import annotations
 import logging
 import re
 import time
-import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
-from optuna.storages._heartbeat import BaseHeartbeat
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
+from autotune.optuna_adapter import FrozenStudy, HeartbeatRelay, cached_rdb, heartbeat_rdb
+from autotune.optuna_adapter import heartbeat_enabled as heartbeat_enabled
 from autotune.study import StudyError
 
 log = logging.getLogger("autotune.storage")
@@ -198,35 +201,14 @@ def schema_race_retry(fn: Callable[[], Any], *, attempts: int = 8,
     raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
 
-_BASE_METHODS = (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
-    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
-    "set_trial_param", "get_trial_id_from_study_id_trial_number", "get_trial_number_from_id",
-    "get_trial_param", "set_trial_state_values", "set_trial_intermediate_value",
-    "set_trial_user_attr", "set_trial_system_attr", "get_trial", "get_all_trials",
-    "get_n_trials", "get_best_trial", "get_trial_params", "get_trial_user_attrs",
-    "get_trial_system_attrs", "check_trial_is_updatable",
-)
-_HEARTBEAT_METHODS = ("record_heartbeat", "_get_stale_trial_ids", "get_heartbeat_interval",
-                      "get_heartbeat_stale_trial_callback", "get_failed_trial_callback")
-
-
-def _forward(name: str) -> Callable[..., Any]:
-    def method(self: RetryingStorage, *args: Any, **kwargs: Any) -> Any:
-        return call_with_retry(getattr(self.inner, name), *args, what=name,
-                               retry_s=self.retry_s, url=self.url, **kwargs)
-
-    method.__name__ = name
-    method.__doc__ = f"``{name}`` of the wrapped storage, retried while unreachable."
-    return method
-
-
 class RetryingStorage(BaseStorage):
-    """Any Optuna storage, each call retried with backoff while the database is down.
+    """Any Optuna storage (``inner``), each call retried with backoff while the database
+    is down.
 
     Optuna's own retries cover a single dropped connection; a database restart takes
     seconds, and a worker whose trial already cost minutes of GPU time should wait.
+    Every method of Optuna's storage API is written out, so a method Optuna adds is an
+    abstract method this class lacks (a TypeError at once), not a silent pass-through.
     """
 
     def __init__(self, inner: BaseStorage, *, url: str, retry_s: float = DEFAULT_RETRY_S
@@ -235,30 +217,133 @@ class RetryingStorage(BaseStorage):
         self.url = url
         self.retry_s = retry_s
 
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return call_with_retry(fn, *args, what=what, retry_s=self.retry_s, url=self.url,
+                               **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {mask_url(self.url)}>"
+
     def remove_session(self) -> None:
         self.inner.remove_session()
 
-    def __getattr__(self, name: str) -> Any:  # anything Optuna reaches for beyond the API
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
+    # studies
 
-    def __repr__(self) -> str:
-        return f"<RetryingStorage {mask_url(self.url)}>"
+    def create_new_study(self, directions: Sequence[StudyDirection],
+                         study_name: str | None = None) -> int:
+        return self._call("create_new_study", self.inner.create_new_study, directions,
+                          study_name)
+
+    def delete_study(self, study_id: int) -> None:
+        self._call("delete_study", self.inner.delete_study, study_id)
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call("set_study_user_attr", self.inner.set_study_user_attr, study_id, key,
+                   value)
+
+    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call("set_study_system_attr", self.inner.set_study_system_attr, study_id, key,
+                   value)
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        return self._call("get_study_id_from_name", self.inner.get_study_id_from_name,
+                          study_name)
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        return self._call("get_study_name_from_id", self.inner.get_study_name_from_id,
+                          study_id)
+
+    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
+        return self._call("get_study_directions", self.inner.get_study_directions, study_id)
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("get_study_user_attrs", self.inner.get_study_user_attrs, study_id)
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("get_study_system_attrs", self.inner.get_study_system_attrs,
+                          study_id)
+
+    def get_all_studies(self) -> list[FrozenStudy]:
+        return self._call("get_all_studies", self.inner.get_all_studies)
+
+    # trials
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None
+                         ) -> int:
+        return self._call("create_new_trial", self.inner.create_new_trial, study_id,
+                          template_trial)
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
+                        distribution: BaseDistribution) -> None:
+        self._call("set_trial_param", self.inner.set_trial_param, trial_id, param_name,
+                   param_value_internal, distribution)
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int
+                                                ) -> int:
+        return self._call("get_trial_id_from_study_id_trial_number",
+                          self.inner.get_trial_id_from_study_id_trial_number, study_id,
+                          trial_number)
+
+    def get_trial_number_from_id(self, trial_id: int) -> int:
+        return self._call("get_trial_number_from_id", self.inner.get_trial_number_from_id,
+                          trial_id)
+
+    def get_trial_param(self, trial_id: int, param_name: str) -> float:
+        return self._call("get_trial_param", self.inner.get_trial_param, trial_id,
+                          param_name)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        return self._call("set_trial_state_values", self.inner.set_trial_state_values,
+                          trial_id, state, values)
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int,
+                                     intermediate_value: float) -> None:
+        self._call("set_trial_intermediate_value", self.inner.set_trial_intermediate_value,
+                   trial_id, step, intermediate_value)
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call("set_trial_user_attr", self.inner.set_trial_user_attr, trial_id, key,
+                   value)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call("set_trial_system_attr", self.inner.set_trial_system_attr, trial_id, key,
+                   value)
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        return self._call("get_trial", self.inner.get_trial, trial_id)
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True,
+                       states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._call("get_all_trials", self.inner.get_all_trials, study_id,
+                          deepcopy=deepcopy, states=states)
+
+    def get_n_trials(self, study_id: int,
+                     state: tuple[TrialState, ...] | TrialState | None = None) -> int:
+        return self._call("get_n_trials", self.inner.get_n_trials, study_id, state)
+
+    def get_best_trial(self, study_id: int) -> FrozenTrial:
+        return self._call("get_best_trial", self.inner.get_best_trial, study_id)
+
+    def get_trial_params(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_params", self.inner.get_trial_params, trial_id)
+
+    def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_user_attrs", self.inner.get_trial_user_attrs, trial_id)
+
+    def get_trial_system_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_system_attrs", self.inner.get_trial_system_attrs,
+                          trial_id)
+
+    def check_trial_is_updatable(self, trial_id: int, trial_state: TrialState) -> None:
+        # Optuna's base raises UpdateFinishedTrialError from the state it is given: no
+        # storage call to retry.
+        self.inner.check_trial_is_updatable(trial_id, trial_state)
 
 
-for _name in _BASE_METHODS:
-    setattr(RetryingStorage, _name, _forward(_name))
-RetryingStorage.__abstractmethods__ = frozenset()
-
-
-class RetryingHeartbeatStorage(RetryingStorage, BaseHeartbeat):
-    """:class:`RetryingStorage` for a storage with heartbeats (RDB)."""
-
-
-for _name in _HEARTBEAT_METHODS:
-    setattr(RetryingHeartbeatStorage, _name, _forward(_name))
-RetryingHeartbeatStorage.__abstractmethods__ = frozenset()
+class RetryingHeartbeatStorage(RetryingStorage, HeartbeatRelay):
+    """:class:`RetryingStorage` for a storage with heartbeats (RDB): Optuna sees a
+    heartbeat storage and records heartbeats and fails stale trials through it."""
 
 
 # ----------------------------------------------------------------------------- open
@@ -297,19 +382,11 @@ def open_storage(
         raise StorageError(f"--grace-period ({grace_period} s) must exceed "
                            f"--heartbeat-interval ({heartbeat_interval} s), or a live "
                            "worker's trial would be failed between two heartbeats")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        callback = (optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
-                    if heartbeat_interval is not None else None)
-
     def connect() -> BaseStorage:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            rdb = optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True},
-                heartbeat_interval=heartbeat_interval, grace_period=grace_period,
-                heartbeat_stale_trial_callback=callback)
-        return optuna.storages._CachedStorage(rdb)
+        rdb = heartbeat_rdb(url, heartbeat_interval=heartbeat_interval,
+                            grace_period=grace_period, max_retry=max_retry,
+                            engine_kwargs={"pool_pre_ping": True})
+        return cached_rdb(rdb)
 
     try:
         inner = call_with_retry(schema_race_retry, connect, what="connect",
@@ -343,9 +420,3 @@ def _first_line(exc: BaseException, url: str) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     return scrub(first, url)
-
-
-def heartbeat_enabled(storage: BaseStorage) -> bool:
-    from optuna.storages._heartbeat import is_heartbeat_enabled
-
-    return is_heartbeat_enabled(storage)

@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
+from autotune.optuna_adapter import fail_running_trial, set_trial_system_attr
 from autotune.pruning import PrunerSettings
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
@@ -205,7 +206,7 @@ def fail_stale_trials(study: optuna.Study) -> list[int]:
         # belong to a live worker there and is left alone.
         if owner not in (None, host) or isinstance(pid, int) and _pid_alive(pid):
             continue
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        fail_running_trial(study, t)
         stale.append(t.number)
         if t.params:
             study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number,
@@ -346,9 +347,8 @@ class Objective:
         self.rates = rate_bounds(settings.space)
 
     def __call__(self, trial: optuna.Trial) -> float:
-        trial.storage.set_trial_system_attr(trial._trial_id, "autotune:pid", os.getpid())
-        trial.storage.set_trial_system_attr(trial._trial_id, "autotune:host",
-                                            socket.gethostname())
+        set_trial_system_attr(trial, "autotune:pid", os.getpid())
+        set_trial_system_attr(trial, "autotune:host", socket.gethostname())
         params = self.space.suggest(trial)
         if not self.backend.restartable:
             params = {k: v for k, v in params.items() if k in CLIENT_PARAMS}

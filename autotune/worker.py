@@ -39,9 +39,16 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
+from autotune.optuna_adapter import (
+    fail_running_trial,
+    fail_stale_heartbeats,
+    heartbeat_enabled,
+    storage_of,
+    trial_now,
+)
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
-from autotune.storage import heartbeat_enabled, mask_url, open_storage
+from autotune.storage import mask_url, open_storage
 from autotune.study import StudyError, StudySettings, process_running, validate_name
 
 SPEC_ATTR = "autotune:spec"
@@ -618,12 +625,8 @@ def _fail_stale(study: optuna.Study) -> None:
     """Heartbeats (RDB): Optuna fails stale trials and retries them.  Without them
     (journal, SQLite) only this host's dead processes can be told apart: their RUNNING
     trials are failed and retried here; another host's stay until a person fails them."""
-    if heartbeat_enabled(study._storage):
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            optuna.storages.fail_stale_trials(study)
+    if heartbeat_enabled(storage_of(study)):
+        fail_stale_heartbeats(study)
         return
     host = socket.gethostname()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
@@ -633,8 +636,8 @@ def _fail_stale(study: optuna.Study) -> None:
         if pid == os.getpid() or process_running(pid):
             continue
         try:
-            if study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-                requeue(study, study._storage.get_trial(t._trial_id))
+            if fail_running_trial(study, t):
+                requeue(study, trial_now(study, t))
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker on this host got there first
 

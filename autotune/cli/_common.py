@@ -43,7 +43,11 @@ class UsageError(AutotuneError):
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one clear line and return the Exit to raise."""
-    err_console.print(f"[bold red]error:[/] {message}", soft_wrap=True)
+    from autotune.storage import mask_url
+
+    # A library message may quote a storage URL as given (autotune.study does for
+    # SQLite-style URLs of any scheme): its password never reaches the terminal.
+    err_console.print(f"[bold red]error:[/] {mask_url(message)}", soft_wrap=True)
     return typer.Exit(code)
 
 

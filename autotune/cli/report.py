@@ -140,8 +140,18 @@ def recommend(
         from autotune.report import gather
         from autotune.report.build import provenance, replica_results
 
+        # Every number is checked before the study is read: a typo should not cost a
+        # database round trip, nor be hidden behind "no such study".
         if burst_seconds <= 0:
             raise UsageError(f"--burst-seconds must be > 0, got {burst_seconds:g}")
+        if gpus is not None and gpus < 1:
+            raise UsageError(f"--gpus must be >= 1, got {gpus}")
+        if not 0 <= headroom < 1:
+            raise UsageError(f"--headroom must be in [0, 1), got {headroom:g}")
+        if gpu_hour_cost is not None and not gpu_hour_cost >= 0:
+            raise UsageError(f"--gpu-hour-cost must be >= 0, got {gpu_hour_cost:g}")
+        if not 1 <= base_port <= 65535:
+            raise UsageError(f"--base-port must be a TCP port (1-65535), got {base_port}")
         data = gather(study, storage)
         n = gpus if gpus is not None else data.attrs.get("gpus")
         if not n:

@@ -96,6 +96,17 @@ def worker(
         if (space is None) != (slo is None):
             raise fail("give both --space and --slo (to create or check the study), or "
                        "neither (to take the study's)")
+        # Checked before the storage is opened: a bad count should not wait out the
+        # database retries first.
+        for flag, value, low in (("--n-trials", n_trials, 1), ("--num-prompts", num_prompts, 1),
+                                 ("--warmup", warmup, 0), ("--input-len", input_len, 1),
+                                 ("--output-len", output_len, 1),
+                                 ("--heartbeat-interval", heartbeat_interval, 1),
+                                 ("--grace-period", grace_period, 1)):
+            if value is not None and value < low:
+                raise fail(f"{flag} must be >= {low}, got {value}")
+        if not db_retry_s >= 0:
+            raise fail(f"--db-retry-s must be >= 0 seconds, got {db_retry_s:g}")
         if space is not None and slo is not None:
             from autotune.options import duration
             from autotune.slo import parse_slo

@@ -42,6 +42,10 @@ FAULTS: tuple[str, ...] = ("500", "drop", "cut", "reset", "slow", "short")
 # reset: stream half the tokens, then abort the TCP connection.
 # slow: first token after ``slow_first_token_s`` instead of ``first_token_delay_s``.
 # short: a complete, well-formed stream with half the tokens asked for (as if EOS).
+# Two more switches act on the whole server, not one request in N:
+# hang_after=N: after N generation requests the server freezes (a wedged engine): the
+#   streams in flight stop mid-reply and later requests are read but never answered.
+# mute: connections are accepted, and nothing is ever read from them or answered.
 
 MAX_MODEL_LEN = 32768
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
@@ -66,6 +70,8 @@ class FakeServerConfig:
     fail_fraction: float = 0.0  # or this fraction of them, drawn with ``seed``
     slow_first_token_s: float = 1.0
     eos_after: int | None = None  # without ignore_eos, stop after this many tokens
+    hang_after: int | None = None  # freeze after this many generation requests
+    mute: bool = False  # accept connections, never answer
     model: str = "fake-model"
     # asyncio timers fire up to ~1 ms late; the server sleeps until this long before
     # each token is due, then yields in a loop, so injected delays are exact (0 = off).
@@ -80,6 +86,8 @@ class FakeServerConfig:
             raise FakeServerError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
         if self.fault is not None and self.fault not in FAULTS:
             raise FakeServerError(f"unknown fault {self.fault!r}; use one of {', '.join(FAULTS)}")
+        if self.hang_after is not None and self.hang_after < 0:
+            raise FakeServerError(f"hang_after must be >= 0, got {self.hang_after}")
         if self.fail_every < 0 or not 0.0 <= self.fail_fraction <= 1.0:
             raise FakeServerError("fail_every must be >= 0 and fail_fraction in [0, 1]")
         if self.fault is not None and not self.fail_every and not self.fail_fraction:
@@ -167,6 +175,12 @@ class _App:
         self._rng = random.Random(config.seed)
         self._writers: set[asyncio.StreamWriter] = set()
         self._created = int(time.time())
+        self.frozen = False  # hang_after reached: nothing is answered any more
+
+    async def _hang(self) -> None:
+        """Never return: a wedged engine.  The handler's task ends when the server stops
+        (asyncio.run cancels it) or the client goes away (the caller checks)."""
+        await asyncio.Event().wait()
 
     def reset_stats(self) -> None:
         running, waiting = self.stats.running, self.stats.waiting
@@ -182,6 +196,10 @@ class _App:
                                writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         try:
+            if self.config.mute:
+                # Accepted by the kernel, then silence; return when the client gives up.
+                await reader.read(-1)
+                return
             while True:
                 try:
                     head = await reader.readuntil(b"\r\n\r\n")
@@ -313,6 +331,10 @@ class _App:
         s.requests_started += 1
         if s.first_start_s is None:
             s.first_start_s = time.perf_counter()
+        if c.hang_after is not None and s.requests_started > c.hang_after:
+            self.frozen = True
+        if self.frozen:
+            await self._hang()
         fault = self._fault_for(s.requests_started)
         if fault is not None:
             s.faults[fault] = s.faults.get(fault, 0) + 1
@@ -416,6 +438,8 @@ class _App:
                     await asyncio.sleep(0)
                 if writer.transport.is_closing():
                     raise ConnectionResetError("client went away")
+            if self.frozen:
+                await self._hang()
             last = k == n_out - 1
             writer.write(_frame(chunk(" tok", finish)) if last else plain)
             self.stats.tokens_sent += 1
@@ -653,6 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-fraction", type=float, default=0.0)
     p.add_argument("--slow-first-token-s", type=float, default=1.0)
     p.add_argument("--eos-after", type=int, default=None)
+    p.add_argument("--hang-after", type=int, default=None, metavar="N",
+                   help="freeze after N generation requests (streams stop mid-reply)")
+    p.add_argument("--mute", action="store_true",
+                   help="accept connections and never answer")
     p.add_argument("--timer-spin-ms", type=float, default=1.0,
                    help="busy-wait this long before each token for exact delays (0 = off)")
     p.add_argument("--seed", type=int, default=0)
@@ -678,6 +706,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             max_concurrency=args.max_concurrency, startup_delay_s=args.startup_delay_s,
             fault=args.fault, fail_every=args.fail_every, fail_fraction=args.fail_fraction,
             slow_first_token_s=args.slow_first_token_s, eos_after=args.eos_after,
+            hang_after=args.hang_after, mute=args.mute,
             model=args.model, api_key=args.api_key, seed=args.seed,
             timer_spin_s=args.timer_spin_ms / 1000.0)
     except FakeServerError as exc:

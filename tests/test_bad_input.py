@@ -43,11 +43,6 @@ ODD = f"nosuchdb://tuner:{SECRET}@127.0.0.1:1/autotune"
 # Known to fail one of the checks because of a module being rewritten elsewhere
 # (autotune/cli/{search,ceiling,bench,sweep}.py): id -> what goes wrong.
 XFAIL: dict[str, str] = {
-    "bench-url-password": "bench prints the --url with its password, and exits 0 when every "
-                          "request failed (connection refused)",
-    "bench-input-len-0": "bench contacts the server before checking --input-len",
-    "bench-output-len-neg": "bench contacts the server before checking --output-len",
-    "bench-max-model-len-0": "bench contacts the server before checking --max-model-len",
     "ceiling-trial-neg": "ceiling opens the study before checking --trial",
 }
 

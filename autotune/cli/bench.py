@@ -156,6 +156,10 @@ def _bench(**opts: object) -> None:
         raise UsageError(f"--warmup must be 0 or more, got {o.warmup}")
     if o.dataset_path is not None and not Path(o.dataset_path).exists():
         raise UsageError(f"dataset file {o.dataset_path} does not exist")
+    for name, value in (("--input-len", o.input_len), ("--output-len", o.output_len),
+                        ("--max-model-len", o.max_model_len)):
+        if value < 1:
+            raise UsageError(f"{name} must be at least 1 token, got {value}")
     steady = _steady(o, slo)
     if steady is not None and o.rate == float("inf"):
         raise UsageError("a verdict needs a finite --rate (arrivals sized by time); drop "
@@ -168,10 +172,7 @@ def _bench(**opts: object) -> None:
     if sim:
         model = str(flags.get("model"))
     else:
-        # Nothing is sent before the server answers: a dead port is one line and exit 2.
         model = o.model or loadgen.fetch_model(url, api_key=o.api_key)
-        if o.model:
-            loadgen.check_server(url, api_key=o.api_key)
     total = o.num_prompts + o.warmup
     with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
@@ -183,6 +184,9 @@ def _bench(**opts: object) -> None:
                 tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
                 distribution=o.length_distribution, input_spread=o.length_spread,
                 output_spread=o.length_spread, seed=o.seed)
+    if not sim and o.model:
+        # Nothing is sent before the server answers: a dead port is one line, exit 2.
+        loadgen.check_server(url, api_key=o.api_key)
     for note in wl.notes:
         err_console.print(f"[dim]note:[/] {note}")
     if len(wl.requests) <= o.warmup:

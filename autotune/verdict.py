@@ -386,8 +386,14 @@ def judge(
     # end-to-end latency) after the first arrival: the queue fills for about one stay.
     done_e2e = (a.end - a.sent)[a.ok]
     stay = float(np.percentile(done_e2e, 90)) if done_e2e.size else math.inf
+    # And a growth must be material in requests, not only in slope: at a few req/s a
+    # queue of a handful wanders by more than the allowance's worth in a minute.
+    growth = 0.0 if lower_slope is None else lower_slope * max(t_end - steady_from, 0.0)
+    mean_backlog = float(np.mean(_backlog(a, np.linspace(steady_from, t_end, 16)))) if (
+        t_end > steady_from) else 0.0
+    material = growth >= max(8.0, 5.0 * math.sqrt(max(mean_backlog, 1.0)))
     if (lower_slope is not None and lower_slope > allowed_slope and at_s >= min_s
-            and at_s >= 4.0 * stay):
+            and at_s >= 4.0 * stay and material):
         fails.append(f"backlog grows {slope:.3g} req/s (its {rule.fail_confidence:.0%} lower "
                      f"bound {lower_slope:.3g} > {allowed_slope:.3g}, {rule.backlog_share:.0%} "
                      "of the offered rate)")

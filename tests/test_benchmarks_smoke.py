@@ -155,3 +155,16 @@ def test_every_other_benchmark_smokes(tmp_path: Path) -> None:
     for name in names:
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
     assert "| ceiling_probes | ok |" in text
+    for row in json.loads((tmp_path / "ceiling_probes.json").read_text())["rows"]:
+        truth, ours = row["truth"], row["ceiling"]
+        assert 0 < truth["last_pass"] < truth["first_fail"]
+        assert isinstance(ours["cap_never_above"], bool) and ours["probes"] >= 1
+
+
+def test_search_scenarios_is_registered_and_search_efficiency_gone() -> None:
+    names = {b.name: b for b in bench_main.BENCHMARKS}
+    assert "search_efficiency" not in names
+    b = names["search_scenarios"]
+    assert (ROOT / "benchmarks" / b.script).exists()
+    cmd = bench_main.command_for(b, True, ROOT / "benchmarks" / "results" / "x.json")
+    assert "--smoke" in cmd and "--seeds" not in cmd

@@ -1,0 +1,1017 @@
+"""Search methods on a scenario suite, all judged on one truth (issue 15, benchmarks 1-2).
+
+Every figure is **simulated** (autotune's engine simulator, virtual seconds).  For each
+scenario (hardware, model, workload, SLO and a small config space):
+
+* **truth**: every config's steady-state ceiling, by bisection on the rate to ~1% with
+  long fixed-count load tests (no steady-state stop rule, no pruning): a rate passes
+  when every limit's P99 point estimate is under its threshold and, over the second
+  half of the arrivals, requests complete at >= 97% of the rate they arrive.  Its
+  goodput there is the good output tokens per measured request x the rate.  Cached in
+  ``benchmarks/results/search_scenarios_truth.json`` keyed by scenario (and a
+  fingerprint of its definition and sizes), so it is computed once;
+* **methods**, each charged server time (90 s per (re)start plus every load test from
+  its first send to its last end):
+
+  - ``autotune``: ``run_study`` with TPE, beat-the-incumbent, ``autotune search``'s
+    defaults (30 trials on the simulator, tol 3%, 8 probes, 10% headroom);
+  - ``autotune_sh``: vLLM's ``auto_tune.sh`` grid (per config: restart, 1000 prompts
+    at rate inf, then 100-prompt probes from int(throughput)+1 down by 1 req/s);
+  - ``grid_ceiling``: every config once, its ceiling searched on one start
+    (``sampler='grid'``, ``beat_incumbent=False``), like vLLM's ``bench sweep``;
+  - ``random_ceiling``: random configs, the same per-config search with
+    beat-the-incumbent;
+  - ``joint_tpe``: the old objective, TPE over (config, rate), one fixed-count test of
+    1000 requests (100 warm-up) per trial, overload pruner on, 60 trials;
+  - ``prescreen``: ``--prescreen sim`` on a mis-specified profile (compute x0.8,
+    bandwidth x1.15, step overhead x1.5), its top 3 configs enqueued into the autotune
+    study on the true profile (the pre-screen costs CPU, not server time).
+
+  A method *holds*, after each of its steps, the config it would recommend then; a run
+  is judged by the truth goodput of that config (at the config's true ceiling) against
+  the scenario's best.  The two grids are order-independent per config (the simulator
+  is deterministic and, without an incumbent, each config's search starts the same
+  way), so each is run once per config and the seeds shuffle its visiting order.
+* **safety**: every autotune and prescreen run's final cap (ceiling x 0.9) is run for
+  20,000 requests on the true profile and must pass the truth rule.
+
+    python benchmarks/search_scenarios.py --output benchmarks/results/search_scenarios.json
+    python benchmarks/search_scenarios.py --smoke --output /tmp/search_scenarios.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import multiprocessing
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+import optuna  # noqa: E402
+
+from autotune.files import atomic_write, json_safe  # noqa: E402
+from autotune.sim.profiles import HardwareProfile, load_hardware  # noqa: E402
+from autotune.slo import SLO, parse_slo  # noqa: E402
+from autotune.space import CLIENT_PARAMS, SearchSpace  # noqa: E402
+from autotune.study import (  # noqa: E402
+    StudySettings,
+    make_sampler,
+    prescreen_enqueue,
+    rows_from_study,
+    run_study,
+)
+from autotune.trial import LoadPlan, SimBackend, TrialFailed, evaluate, probe  # noqa: E402
+from autotune.verdict import SteadyState  # noqa: E402
+from autotune.workload import Request, sample_lengths  # noqa: E402
+
+RESTART_S = 90.0
+TOL = 0.03
+HEADROOM = 0.10
+BUDGETS_S = (3600.0, 10800.0)
+MISSPEC = {"compute_efficiency": 0.8, "bandwidth_efficiency": 1.15, "step_overhead_ms": 1.5}
+# auto_tune.sh: `sleep 5` before each stepped test, `sleep 10` after each config.
+STEP_SLEEP_S, CONFIG_SLEEP_S = 5.0, 10.0
+STUDY_METHODS = ("autotune", "random_ceiling", "prescreen", "joint_tpe")
+METHODS = ("autotune", "autotune_sh", "grid_ceiling", "random_ceiling", "joint_tpe",
+           "prescreen")
+TARGETS = {"autotune/autotune_sh": 0.25, "autotune/random_ceiling": 0.5}
+TRUTH_FILE = "search_scenarios_truth.json"
+
+Key = tuple[tuple[str, Any], ...]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    hardware: str
+    model: str
+    slo: str
+    workload: str  # "sharegpt" | "long" | "tiny"
+    params: dict[str, list[Any]]
+    fixed: dict[str, Any]
+    baseline: dict[str, Any]
+    rate: tuple[float, float]
+
+    def space(self) -> SearchSpace:
+        params: dict[str, Any] = {k: {"type": "categorical", "choices": v}
+                                  for k, v in self.params.items()}
+        params["request_rate"] = {"type": "float", "low": self.rate[0], "high": self.rate[1],
+                                  "log": True}
+        return SearchSpace.from_dict({
+            "name": self.name, "fixed": self.fixed, "parameters": params,
+            "baseline": {**self.baseline, "request_rate": self.rate[0] * 2},
+            "rules": ["tp_divides_heads", "tp_fits_gpus", "batched_tokens_cover_model_len"],
+        }, source=f"<scenario {self.name}>")
+
+    @property
+    def gpus(self) -> int:
+        return int(self.hardware.split("x", 1)[0])
+
+
+SCENARIOS = [
+    Scenario("a100-8b-e2e", "the seed's 4xA100 Llama-3-8B, ShareGPT, P99 E2E <= 10 s",
+             "4xa100-80gb", "llama-3-8b", "10s", "sharegpt",
+             {"tensor_parallel_size": [1, 2, 4], "max_num_seqs": [64, 256, 512],
+              "max_num_batched_tokens": [2048, 8192]},
+             {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "max_model_len": 8192},
+             {"tensor_parallel_size": 1, "max_num_seqs": 256, "max_num_batched_tokens": 2048},
+             (1.0, 128.0)),
+    Scenario("h100x8-70b-ttft-tpot", "Llama-3-70B on 8xH100, ShareGPT, P99 TTFT <= 2 s and "
+             "P99 TPOT <= 100 ms", "8xh100-80gb", "llama-3-70b",
+             "p99:ttft<=2s,p99:tpot<=100ms", "sharegpt",
+             {"tensor_parallel_size": [2, 4, 8], "max_num_seqs": [64, 128, 256],
+              "max_num_batched_tokens": [2048, 8192]},
+             {"model": "meta-llama/Meta-Llama-3-70B-Instruct", "max_model_len": 8192},
+             {"tensor_parallel_size": 4, "max_num_seqs": 256, "max_num_batched_tokens": 8192},
+             (0.5, 64.0)),
+    Scenario("l40s-8b-memory", "one L40S (PCIe) short of memory: Llama-3-8B, ShareGPT, "
+             "gpu_memory_utilization 0.5-0.9, P99 E2E <= 20 s", "1xl40s", "llama-3-8b",
+             "20s", "sharegpt",
+             {"gpu_memory_utilization": [0.5, 0.6, 0.75, 0.9],
+              "max_num_seqs": [64, 128, 256, 512], "max_num_batched_tokens": [2048]},
+             {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "max_model_len": 8192},
+             {"gpu_memory_utilization": 0.9, "max_num_seqs": 256,
+              "max_num_batched_tokens": 2048},
+             (0.25, 32.0)),
+    Scenario("h100-qwen-long-prompts", "Qwen2.5-7B on 1xH100, synthetic prompts of "
+             "2000-4000 tokens with 32-128 output tokens, P99 TTFT <= 1 s and E2E <= 5 s",
+             "1xh100-80gb", "qwen2.5-7b", "p99:ttft<=1s,p99:e2e<=5s", "long",
+             {"enable_chunked_prefill": [True, False],
+              "max_num_batched_tokens": [2048, 4096, 8192, 16384],
+              "max_num_seqs": [32, 128]},
+             {"model": "Qwen/Qwen2.5-7B-Instruct", "max_model_len": 8192},
+             {"enable_chunked_prefill": True, "max_num_seqs": 128,
+              "max_num_batched_tokens": 8192},
+             (0.5, 64.0)),
+]
+ALL_SCENARIOS = tuple(SCENARIOS)
+SMOKE_SCENARIO = Scenario(
+    "cpu-tiny-smoke", "smoke: the tiny model on the CPU profile", "1xcpu-tiny", "tiny",
+    "p99:e2e<=4s", "tiny", {"max_num_seqs": [2, 8], "max_num_batched_tokens": [512, 2048]},
+    {"model": "tiny", "max_model_len": 512},
+    {"max_num_seqs": 8, "max_num_batched_tokens": 2048}, (0.25, 64.0))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    seeds: tuple[int, ...] = tuple(range(10))
+    n_trials: int = 30  # `autotune search` on the simulator
+    prescreen_trials: int = 40
+    joint_trials: int = 60
+    pool: int = 1100  # requests sampled (100 warm-up + 1000 measured)
+    warmup: int = 100
+    min_requests: int = 1000  # --num-prompts: fewest measured requests a pass needs
+    grid_inf_prompts: int = 1000
+    grid_step_prompts: int = 100
+    truth_min_requests: int = 1500
+    truth_max_requests: int = 4000
+    truth_span_s: float = 120.0  # truth tests last at least this long (within the counts)
+    truth_tol: float = 0.01
+    safety_requests: int = 20000
+    steady_min_s: float | None = None  # None: SteadyState's default minimum duration
+    jobs: int = 2
+    smoke: bool = False
+
+
+SMOKE = Sizes(seeds=(0, 1), n_trials=3, prescreen_trials=2, joint_trials=4, pool=220,
+              warmup=20, min_requests=100, grid_inf_prompts=100, grid_step_prompts=20,
+              truth_min_requests=300, truth_max_requests=600, truth_span_s=60.0,
+              truth_tol=0.03, safety_requests=600, steady_min_s=20.0, smoke=True)
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def ckey(params: Mapping[str, Any], space: SearchSpace) -> Key:
+    """A config's identity: its searched server parameters (Optuna may hand back
+    binary-noisy floats, so they are rounded)."""
+    return tuple(sorted((k, round(v, 6) if isinstance(v, float) else v)
+                        for k, v in params.items()
+                        if k in space.params and k not in CLIENT_PARAMS))
+
+
+def key_str(key: Key) -> str:
+    return ",".join(f"{k}={v}" for k, v in key)
+
+
+def time_to_within(events: Sequence[tuple[float, float]], best: float, tol: float
+                   ) -> float | None:
+    """Server time at which the held truth value first reaches (1 - tol) x best."""
+    for t, value in events:
+        if best > 0 and value >= (1.0 - tol) * best:
+            return t
+    return None
+
+
+def value_at(events: Sequence[tuple[float, float]], budget_s: float) -> float:
+    """The held truth value once ``budget_s`` of server time is spent (0 before any)."""
+    out = 0.0
+    for t, value in events:
+        if t > budget_s:
+            break
+        out = value
+    return out
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """numpy's linear quantile with inf allowed (inf x 0 must not give nan)."""
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    if lo == hi or v[lo] == v[hi]:
+        return v[lo]
+    return math.inf if math.isinf(v[hi]) else v[lo] + (pos - lo) * (v[hi] - v[lo])
+
+
+def censored_median(times: Sequence[float | None], totals: Sequence[float]
+                    ) -> dict[str, float]:
+    """The median time to a target when some runs never got there (None): those count
+    at their total (a lower bound) or at infinity (an upper bound)."""
+    low = [t if t is not None else tot for t, tot in zip(times, totals, strict=True)]
+    high = [t if t is not None else math.inf for t in times]
+    return {"low": quantile(low, 0.5), "high": quantile(high, 0.5)}
+
+
+def bounded_ratio(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    def div(x: float, y: float) -> float:
+        if y == 0 or math.isinf(x) and math.isinf(y):
+            return math.nan
+        return x / y
+
+    return {"low": div(a["low"], b["high"]), "high": div(a["high"], b["low"])}
+
+
+def fmt_bound(b: Mapping[str, float], digits: str = ",.0f") -> str:
+    lo, hi = b["low"], b["high"]
+    if lo is None or isinstance(lo, float) and math.isnan(lo):
+        return "n/a"
+    if hi is None or math.isinf(hi):
+        return f">{lo:{digits}}"
+    if math.isclose(lo, hi, rel_tol=1e-9):
+        return f"{hi:{digits}}"
+    return f"{lo:{digits}}..{hi:{digits}}"
+
+
+def truth_passes(records: Sequence[Any], slo: SLO, offered: float) -> tuple[bool, dict[str, Any]]:
+    """The truth rule on a long fixed-count test: every limit's P99 point estimate under
+    its threshold (failed requests as inf) and, over the second half of the arrivals,
+    completions at >= 97% of arrivals (so a queue that still grows cannot pass)."""
+    measured = [r for r in records if not r.warmup]
+    if not measured:
+        return False, {"why": "no requests"}
+    observed: dict[str, float] = {}
+    ok = True
+    for lim in slo.limits:
+        vals = [math.inf if not r.ok or (v := getattr(r, f"{lim.metric}_s", None)) is None
+                and lim.metric != "tpot" else (0.0 if v is None else v) for r in measured]
+        p = float(np.percentile(np.asarray(vals, dtype=float), lim.percentile,
+                                method="linear")) if vals else math.inf
+        observed[lim.label] = p
+        ok = ok and p <= lim.threshold_s
+    sched = np.array([r.scheduled_s for r in measured])
+    ends = np.array([math.inf if r.end_s is None else r.end_s for r in measured])
+    t0, t1 = float(sched.min()), float(sched.max())
+    mid = 0.5 * (t0 + t1)
+    arrived = int(np.sum(sched > mid))
+    served = int(np.sum((ends > mid) & (ends <= t1)))
+    share = served / arrived if arrived else 0.0
+    ok = ok and share >= 0.97
+    good = [r for r in measured if _good(r, slo)]
+    tokens_per_req = sum(r.output_tokens for r in good) / len(measured)
+    return ok, {"p99": observed, "served_share": share,
+                "goodput_tokens": tokens_per_req * offered, "requests": len(measured)}
+
+
+def _good(r: Any, slo: SLO) -> bool:
+    from autotune.metrics import is_good
+
+    return bool(is_good(r, slo))
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+@dataclass
+class World:
+    """What every worker needs; built before the pool forks, so workers inherit it."""
+
+    sizes: Sizes
+    scenarios: list[Scenario]
+    pools: dict[str, list[Request]]
+    spaces: dict[str, SearchSpace]
+    truth: dict[str, dict[str, Any]]
+
+
+_W: World | None = None
+
+
+def _w() -> World:
+    if _W is None:
+        raise RuntimeError("benchmark state not set")
+    return _W
+
+
+def make_world(sizes: Sizes, scenarios: Sequence[Scenario]) -> World:
+    """The shared state for ``scenarios`` (set it as ``_W`` before running tasks)."""
+    return World(sizes, list(scenarios), {sc.name: build_pool(sc, sizes) for sc in scenarios},
+                 {sc.name: sc.space() for sc in scenarios}, {})
+
+
+def build_pool(sc: Scenario, sizes: Sizes) -> list[Request]:
+    rng = np.random.default_rng(0)
+    if sc.workload == "sharegpt":
+        from autotune.tokenizer import load_tokenizer
+        from autotune.workload import load_sharegpt
+
+        wl = load_sharegpt(tokenizer=load_tokenizer(), num_prompts=sizes.pool,
+                           max_model_len=int(sc.fixed["max_model_len"]), seed=0)
+        return list(wl.requests)
+    # The simulator reads only token counts, so the long prompts are lengths alone
+    # (building 3000-token texts would cost minutes of tokenizer time and change nothing).
+    if sc.workload == "long":
+        ins = sample_lengths(3000, sizes.pool, distribution="uniform", spread=1 / 3, rng=rng)
+        outs = sample_lengths(80, sizes.pool, distribution="uniform", spread=0.6, rng=rng)
+    else:
+        ins = sample_lengths(96, sizes.pool, distribution="uniform", spread=0.6, rng=rng)
+        outs = sample_lengths(24, sizes.pool, distribution="uniform", spread=0.5, rng=rng)
+    return [Request("x", int(i), int(o)) for i, o in zip(ins, outs, strict=True)]
+
+
+def configs_of(sc: Scenario, space: SearchSpace) -> tuple[list[dict[str, Any]], int]:
+    """Every config of the scenario's grid that obeys the space's rules, and how many
+    broke one (never launched by any method)."""
+    out, broken = [], 0
+    for combo in itertools.product(*sc.params.values()):
+        params = dict(zip(sc.params, combo, strict=True))
+        if space.violations(params, gpus=sc.gpus):
+            broken += 1
+        else:
+            out.append(params)
+    return out, broken
+
+
+def misspecified(hw_name: str) -> HardwareProfile:
+    hw = load_hardware(hw_name)
+    changed = {k: getattr(hw, k) * f for k, f in MISSPEC.items()}
+    return dataclasses.replace(hw, name=hw.name + "-misspecified", **changed)
+
+
+def study_plan(sc: Scenario, w: World) -> LoadPlan:
+    pool = w.pools[sc.name]
+    z = w.sizes
+    return LoadPlan(slo=parse_slo(sc.slo), requests=pool[z.warmup:],
+                    warmup_requests=pool[:z.warmup], warmup=z.warmup, seed=0,
+                    steady=SteadyState(min_duration_s=z.steady_min_s,
+                                       min_requests=z.min_requests))
+
+
+def fixed_plan(sc: Scenario, w: World, n: int, warmup: int) -> LoadPlan:
+    pool = w.pools[sc.name]
+    reqs = [pool[(warmup + i) % len(pool)] for i in range(n)]
+    return LoadPlan(slo=parse_slo(sc.slo), requests=reqs, warmup_requests=pool[:warmup],
+                    warmup=warmup, seed=0)
+
+
+def fingerprint(sc: Scenario, z: Sizes) -> str:
+    blob = json.dumps([dataclasses.asdict(sc), z.pool, z.warmup, z.grid_inf_prompts,
+                       z.truth_min_requests, z.truth_max_requests, z.truth_span_s,
+                       z.truth_tol], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- truth
+
+
+def truth_test(sc: Scenario, params: Mapping[str, Any], rate: float, n: int | None = None
+               ) -> tuple[bool, dict[str, Any]]:
+    """One long fixed-count test of ``params`` at ``rate`` on the true profile."""
+    w = _w()
+    z = w.sizes
+    if n is None:
+        n = int(min(max(math.ceil(z.truth_span_s * rate), z.truth_min_requests),
+                    z.truth_max_requests))
+    backend = SimBackend(sc.hardware, sc.model)
+    flags = w.spaces[sc.name].server_flags(params)
+    res = evaluate(backend, flags, rate, fixed_plan(sc, w, n, z.warmup))
+    if res.summary is None:
+        return False, {"refused": res.reason, "detail": (res.detail or "")[:200]}
+    return truth_passes(res.records, parse_slo(sc.slo), rate)
+
+
+def truth_config(arg: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """A config's ceiling by bisection on the rate (geometric, to ``truth_tol``)."""
+    name, params = arg
+    w = _w()
+    sc = next(s for s in w.scenarios if s.name == name)
+    z = w.sizes
+    backend = SimBackend(sc.hardware, sc.model)
+    flags = w.spaces[name].server_flags(params)
+    try:
+        sat_res = evaluate(backend, flags, math.inf,
+                           fixed_plan(sc, w, z.grid_inf_prompts, z.warmup))
+    except TrialFailed as exc:  # pragma: no cover - evaluate reports, never raises
+        return {"scenario": name, "params": params, "refused": str(exc), "ceiling": 0.0,
+                "goodput_tokens": 0.0, "tests": 0}
+    if sat_res.summary is None:
+        return {"scenario": name, "params": params, "refused": sat_res.reason,
+                "ceiling": 0.0, "goodput_tokens": 0.0, "tests": 1}
+    sat = float(sat_res.summary.request_throughput)
+    tests = 1
+    seen: dict[float, tuple[bool, dict[str, Any]]] = {}
+
+    def ok(rate: float) -> bool:
+        nonlocal tests
+        if rate not in seen:
+            seen[rate] = truth_test(sc, params, rate)
+            tests += 1
+        return seen[rate][0]
+
+    hi, lo = 1.05 * sat, 0.6 * sat
+    while ok(hi) and hi < 50 * sat:  # rare: Poisson beats a burst; look higher
+        lo, hi = hi, 1.5 * hi
+    if not ok(lo):
+        hi = lo
+        lo = hi / 2
+        while not ok(lo):
+            hi, lo = lo, lo / 2
+            if lo < 0.01 * sat:
+                return {"scenario": name, "params": params, "ceiling": 0.0,
+                        "goodput_tokens": 0.0, "tests": tests, "saturated": sat,
+                        "note": "no rate down to 1% of saturation passes"}
+    while hi / lo - 1.0 > z.truth_tol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    info = seen[lo][1]
+    return {"scenario": name, "params": params, "ceiling": lo, "first_fail": hi,
+            "goodput_tokens": info["goodput_tokens"], "p99_at_ceiling": info["p99"],
+            "served_share": info["served_share"], "requests_at_ceiling": info["requests"],
+            "tests": tests, "saturated": sat}
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def held_events_study(study: optuna.Study, space: SearchSpace
+                      ) -> tuple[list[tuple[float, Key | None, float | None]], float]:
+    """(cumulative server s, held config, its cap) after each trial of an autotune study:
+    the held config is what ``recommend`` would pick then (best feasible value, earliest
+    trial on ties)."""
+    t, best, held = 0.0, -math.inf, (None, None)
+    out: list[tuple[float, Key | None, float | None]] = []
+    for tr in sorted(study.get_trials(deepcopy=False), key=lambda x: x.number):
+        res = tr.user_attrs.get("result") or {}
+        t += float(res.get("server_s") or 0.0)
+        if (tr.state == optuna.trial.TrialState.COMPLETE and res.get("feasible")
+                and tr.value is not None and tr.value > best):
+            best = float(tr.value)
+            held = (ckey(tr.params, space), res.get("rate_cap"))
+        out.append((t, *held))
+    return out, t
+
+
+def run_method(arg: tuple[str, str, int]) -> dict[str, Any]:
+    name, method, seed = arg
+    w = _w()
+    sc = next(s for s in w.scenarios if s.name == name)
+    t0 = time.process_time()
+    out = _joint_tpe(sc, seed) if method == "joint_tpe" else _study(sc, method, seed)
+    out.update(scenario=name, method=method, seed=seed, cpu_s=time.process_time() - t0)
+    return out
+
+
+def _settings(sc: Scenario, method: str, seed: int, folder: Path) -> StudySettings:
+    z = _w().sizes
+    sampler = {"random_ceiling": "random", "grid_ceiling": "grid"}.get(method, "tpe")
+    return StudySettings(
+        name=f"{sc.name}-{method}-{seed}", slo=parse_slo(sc.slo), space=_w().spaces[sc.name],
+        sampler=sampler, studies_dir=folder, gpus=sc.gpus, seed=seed,
+        n_trials=z.n_trials, tol=TOL, max_probes=8, headroom=HEADROOM,
+        beat_incumbent=method != "grid_ceiling")
+
+
+def _study(sc: Scenario, method: str, seed: int) -> dict[str, Any]:
+    w = _w()
+    space = w.spaces[sc.name]
+    plan = study_plan(sc, w)
+    storage = optuna.storages.InMemoryStorage()
+    picks: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    pre: dict[str, Any] | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        settings = _settings(sc, method, seed, Path(tmp))
+        if method == "grid_ceiling":
+            n = len(configs_of(sc, space)[0]) + configs_of(sc, space)[1]
+            settings = dataclasses.replace(settings, n_trials=n)
+        if method == "prescreen":
+            sim = SimBackend(misspecified(sc.hardware), sc.model)
+            pre_s = dataclasses.replace(settings, name=settings.name + "-pre",
+                                        n_trials=w.sizes.prescreen_trials)
+            cpu0 = time.process_time()
+            pre_run = run_study(pre_s, sim, plan, storage=storage)
+            picks = prescreen_enqueue(rows_from_study(pre_run.study, space), space, top_k=3)
+            pre = {"cpu_s": time.process_time() - cpu0, "virtual_s_not_charged": sim.server_s,
+                   "picks": [{"config": key_str(ckey(p, space)),
+                              "predicted_ceiling": (a.get("predicted") or {}).get(
+                                  "ceiling_rate")} for p, a in picks]}
+        backend = SimBackend(sc.hardware, sc.model, startup_s=RESTART_S)
+        run = run_study(settings, backend, plan, storage=storage, enqueue=picks)
+    events, total = held_events_study(run.study, space)
+    per_config = {}
+    for tr in run.study.get_trials(deepcopy=False):
+        res = tr.user_attrs.get("result") or {}
+        if res.get("launched") and "repeat_of" not in res:
+            per_config[key_str(ckey(tr.params, space))] = {
+                "server_s": float(res.get("server_s") or 0.0), "feasible": bool(
+                    res.get("feasible")) and tr.state == optuna.trial.TrialState.COMPLETE,
+                "value": tr.value, "rate_cap": res.get("rate_cap"), "rate": res.get("rate")}
+    return {"events": [[t, None if k is None else key_str(k), c] for t, k, c in events],
+            "total_server_s": total, "backend_server_s": backend.server_s,
+            "restarts": backend.restarts, "trials": len(events), "prescreen": pre,
+            "per_config": per_config}
+
+
+def _joint_tpe(sc: Scenario, seed: int) -> dict[str, Any]:
+    """The old objective: one trial = one (config, rate) and one fixed-count load test,
+    the overload pruner on; the server restarts only when the config changes."""
+    w = _w()
+    z = w.sizes
+    space = w.spaces[sc.name]
+    plan = fixed_plan(sc, w, z.min_requests, z.warmup)
+    backend = SimBackend(sc.hardware, sc.model, startup_s=RESTART_S)
+    study = optuna.create_study(direction="maximize",
+                                sampler=make_sampler("tpe", seed=seed, space=space))
+    study.enqueue_trial(space.baseline_params())
+    events: list[list[Any]] = []
+    best = (-math.inf, None, None)
+
+    def objective(trial: optuna.Trial) -> float:
+        nonlocal best
+        params = space.suggest(trial)
+        value = 0.0
+        if not space.violations(params, gpus=sc.gpus):
+            res = probe(backend, space.server_flags(params), float(params["request_rate"]),
+                        plan, prune=True)
+            value = res.goodput("tokens") if res.feasible else 0.0
+            if res.feasible and value > best[0]:
+                best = (value, key_str(ckey(params, space)), float(params["request_rate"]))
+        events.append([backend.server_s, best[1], best[2]])
+        return value
+
+    study.optimize(objective, n_trials=z.joint_trials)
+    return {"events": events, "total_server_s": backend.server_s,
+            "restarts": backend.restarts, "trials": len(events)}
+
+
+def grid_walk(arg: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    """auto_tune.sh on one config: restart, rate inf, then 1 req/s steps down."""
+    name, params = arg
+    w = _w()
+    sc = next(s for s in w.scenarios if s.name == name)
+    z = w.sizes
+    slo = parse_slo(sc.slo)
+    backend = SimBackend(sc.hardware, sc.model, startup_s=RESTART_S)
+    flags = w.spaces[name].server_flags(params)
+    first = evaluate(backend, flags, math.inf, fixed_plan(sc, w, z.grid_inf_prompts, 0))
+    out: dict[str, Any] = {"scenario": name, "config": key_str(ckey(params, w.spaces[name])),
+                           "chosen_rate": None, "own_throughput": 0.0, "probes": 1}
+    if first.summary is None:
+        out["server_s"] = backend.server_s + CONFIG_SLEEP_S
+        out["refused"] = first.reason
+        return out
+    thr = float(first.summary.request_throughput)
+    if first.summary.slo_check is not None and first.summary.slo_check.met:
+        out.update(chosen_rate=math.inf, own_throughput=thr)
+    rate = int(thr) + 1
+    steps = 0
+    while out["chosen_rate"] is None and rate > 0:
+        res = evaluate(backend, flags, float(rate), fixed_plan(sc, w, z.grid_step_prompts, 0))
+        steps += 1
+        s = res.summary
+        if s is not None and s.slo_check is not None and s.slo_check.met:
+            out.update(chosen_rate=float(rate), own_throughput=float(s.request_throughput))
+        rate -= 1
+    del slo
+    out["probes"] = 1 + steps
+    out["server_s"] = backend.server_s + STEP_SLEEP_S * steps + CONFIG_SLEEP_S
+    return out
+
+
+def safety(arg: tuple[str, str, float]) -> dict[str, Any]:
+    """An answer's cap in a long run of the true profile."""
+    name, cfg, cap = arg
+    w = _w()
+    sc = next(s for s in w.scenarios if s.name == name)
+    params = dict(_parse_key(cfg))
+    ok, info = truth_test(sc, params, cap, n=w.sizes.safety_requests)
+    return {"scenario": name, "config": cfg, "cap": cap, "passed": ok, **info}
+
+
+def _parse_key(text: str) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for part in text.split(","):
+        k, v = part.split("=", 1)
+        out.append((k, json.loads(v.lower()) if v not in ("True", "False") else v == "True"))
+    return out
+
+
+def _work(task: tuple[str, Any]) -> dict[str, Any]:
+    kind, arg = task
+    fn = {"truth": truth_config, "walk": grid_walk, "method": run_method,
+          "safety": safety}[kind]
+    return fn(arg)
+
+
+# Optional JSONL of finished tasks: a run stopped part-way (this shared machine) is
+# resumed by the next one with the same scenarios and sizes instead of redone.
+_TASK_CACHE: Path | None = None
+_FIRST_CACHED_AT: float | None = None  # epoch s of the oldest reused task: the run's start
+
+
+def _task_key(task: tuple[str, Any]) -> str:
+    w = _w()
+    z = dataclasses.replace(w.sizes, seeds=(), jobs=1)
+    # Every suite scenario's fingerprint, whichever run this is: a run of some scenarios
+    # (--only-scenarios) then reuses what a run of all of them finished, and back.
+    every = [SMOKE_SCENARIO] if w.sizes.smoke else ALL_SCENARIOS
+    return json.dumps([task[0], task[1], [fingerprint(sc, z) for sc in every],
+                       dataclasses.asdict(z)], sort_keys=True, default=str)
+
+
+def run_tasks(tasks: Sequence[tuple[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
+    global _FIRST_CACHED_AT
+    done: dict[str, dict[str, Any]] = {}
+    if _TASK_CACHE is not None and _TASK_CACHE.exists():
+        for line in _TASK_CACHE.read_text().splitlines():
+            with_key = json.loads(line)
+            res = with_key["result"]
+            if res.get("chosen_rate") is None and res.get("own_throughput"):
+                continue  # written by an older version that lost a rate of inf: redo it
+            done[with_key["key"]] = res
+            # An entry without a time (older version) leaves the run's start unknown.
+            at = float(with_key.get("at", -math.inf))
+            _FIRST_CACHED_AT = at if _FIRST_CACHED_AT is None else min(_FIRST_CACHED_AT, at)
+    keys = [_task_key(t) for t in tasks]
+    todo = [t for t, k in zip(tasks, keys, strict=True) if k not in done]
+    for k in keys:
+        if k in done:
+            yield done[k]
+    if not todo:
+        return
+    results: Iterator[dict[str, Any]]
+    if jobs <= 1:
+        results = map(_work, todo)
+        yield from _cached(todo, results)
+        return
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        yield from _cached(todo, pool.imap(_work, todo, chunksize=1))
+
+
+def _cached(tasks: Sequence[tuple[str, Any]], results: Iterator[dict[str, Any]]
+            ) -> Iterator[dict[str, Any]]:
+    for task, res in zip(tasks, results, strict=True):
+        if _TASK_CACHE is not None:
+            with open(_TASK_CACHE, "a", encoding="utf-8") as f:
+                # Plain json keeps inf (auto_tune.sh passing at rate inf) as Infinity.
+                f.write(json.dumps({"key": _task_key(task), "result": res,
+                                    "at": time.time()}) + "\n")
+        yield res
+
+
+# ----------------------------------------------------------------------------- phases
+
+
+def load_truth(path: Path | None, w: World) -> None:
+    if path is None or not path.exists():
+        return
+    saved = json.loads(path.read_text())
+    for sc in w.scenarios:
+        got = saved.get(sc.name)
+        if got and got.get("fingerprint") == fingerprint(sc, w.sizes):
+            w.truth[sc.name] = got
+
+
+def phase_truth(w: World, cache: Path | None) -> dict[str, float]:
+    load_truth(cache, w)
+    todo = [sc for sc in w.scenarios if sc.name not in w.truth]
+    walls: dict[str, float] = {}
+    if not todo:
+        return walls
+    tasks = [("truth", (sc.name, p)) for sc in todo for p in configs_of(sc, w.spaces[sc.name])[0]]
+    t0 = time.perf_counter()
+    rows: dict[str, list[dict[str, Any]]] = {sc.name: [] for sc in todo}
+    for i, r in enumerate(run_tasks(tasks, w.sizes.jobs)):
+        rows[r["scenario"]].append(r)
+        if (i + 1) % 8 == 0:
+            log(f"truth: {i + 1}/{len(tasks)} configs, {time.perf_counter() - t0:.0f} s")
+    for sc in todo:
+        space = w.spaces[sc.name]
+        cfgs = sorted(rows[sc.name], key=lambda r: -r["goodput_tokens"])
+        for c in cfgs:
+            c["key"] = key_str(ckey(c["params"], space))
+        broken = configs_of(sc, space)[1]
+        w.truth[sc.name] = {
+            "fingerprint": fingerprint(sc, w.sizes), "configs": cfgs,
+            "rule_broken_configs": broken,
+            "best_goodput_tokens": cfgs[0]["goodput_tokens"] if cfgs else 0.0,
+            "best_config": cfgs[0]["key"] if cfgs else None,
+            "tests": sum(c["tests"] for c in cfgs),
+            "wall_s": time.perf_counter() - t0,
+            "written": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        walls[sc.name] = time.perf_counter() - t0
+    if cache is not None:
+        old = json.loads(cache.read_text()) if cache.exists() else {}
+        old.update({sc.name: w.truth[sc.name] for sc in todo})
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(cache, json.dumps(json_safe(old), indent=1) + "\n")
+    return walls
+
+
+def grid_runs(w: World, walks: Sequence[Mapping[str, Any]],
+              grid_studies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Both grids per seed: the per-config results in that seed's shuffled order."""
+    out = []
+    for sc in w.scenarios:
+        mine = sorted((x for x in walks if x["scenario"] == sc.name), key=lambda x: x["config"])
+        per_config = grid_studies[sc.name]["per_config"]
+        for seed in w.sizes.seeds:
+            order = list(mine)
+            random.Random(seed).shuffle(order)
+            # auto_tune.sh: best by its own measured throughput at its chosen rate.
+            t, best, held, ev = RESTART_S, -math.inf, (None, None), []
+            for x in order:
+                t += x["server_s"]
+                if x["chosen_rate"] is not None and x["own_throughput"] > best:
+                    best, held = x["own_throughput"], (x["config"], x["chosen_rate"])
+                ev.append([t, *held])
+            out.append({"scenario": sc.name, "method": "autotune_sh", "seed": seed,
+                        "events": ev, "total_server_s": t})
+            keys = sorted(per_config)
+            random.Random(seed).shuffle(keys)
+            t, bestv, held, ev = 0.0, -math.inf, (None, None), []
+            for k in keys:
+                c = per_config[k]
+                t += c["server_s"]
+                if c["feasible"] and c["value"] is not None and c["value"] > bestv:
+                    bestv, held = c["value"], (k, c["rate_cap"])
+                ev.append([t, *held])
+            out.append({"scenario": sc.name, "method": "grid_ceiling", "seed": seed,
+                        "events": ev, "total_server_s": t})
+    return out
+
+
+# ----------------------------------------------------------------------------- judging
+
+
+def judge(w: World, runs: Sequence[Mapping[str, Any]], safety_rows: Mapping[tuple[str, str,
+          float], Mapping[str, Any]]) -> dict[str, Any]:
+    per_run = []
+    for r in runs:
+        truth = w.truth[r["scenario"]]
+        best = truth["best_goodput_tokens"]
+        value = {c["key"]: c["goodput_tokens"] for c in truth["configs"]}
+        ev = [(t, value.get(k, 0.0) if k else 0.0) for t, k, _ in r["events"]]
+        hit = time_to_within(ev, best, TOL)
+        final_key, final_cap = (r["events"][-1][1], r["events"][-1][2]) if r["events"] else (
+            None, None)
+        row = {"scenario": r["scenario"], "method": r["method"], "seed": r["seed"],
+               "reached": hit is not None, "server_s_to_within": hit,
+               "total_server_s": r["total_server_s"],
+               **{f"share_at_{int(b / 3600)}h": value_at(ev, b) / best if best else 0.0
+                  for b in BUDGETS_S},
+               "final_config": final_key, "final_cap": final_cap,
+               "final_share": (ev[-1][1] / best) if ev and best else 0.0}
+        if r["method"] in ("autotune", "prescreen") and final_key and final_cap:
+            s = safety_rows.get((r["scenario"], final_key, round(float(final_cap), 6)))
+            row["safe"] = None if s is None else s["passed"]
+        if r.get("prescreen"):
+            row["prescreen"] = r["prescreen"]
+        per_run.append(row)
+    methods: dict[str, Any] = {}
+    for m in METHODS:
+        rows = [x for x in per_run if x["method"] == m]
+        if not rows:
+            continue
+        methods[m] = {
+            "runs": len(rows), "reached": sum(x["reached"] for x in rows),
+            "server_s_to_within_median": censored_median(
+                [x["server_s_to_within"] for x in rows], [x["total_server_s"] for x in rows]),
+            **{f"share_at_{int(b / 3600)}h_median": quantile(
+                [x[f"share_at_{int(b / 3600)}h"] for x in rows], 0.5) for b in BUDGETS_S},
+            "total_server_s_median": quantile([x["total_server_s"] for x in rows], 0.5),
+            "per_scenario": {sc.name: censored_median(
+                [x["server_s_to_within"] for x in rows if x["scenario"] == sc.name],
+                [x["total_server_s"] for x in rows if x["scenario"] == sc.name])
+                for sc in w.scenarios}}
+        checked = [x["safe"] for x in rows if x.get("safe") is not None]
+        if m in ("autotune", "prescreen"):
+            methods[m]["safety"] = {"checked": len(checked),
+                                    "unsafe": sum(not s for s in checked),
+                                    "unchecked": sum(1 for x in rows if x.get("safe") is None)}
+    med = {m: v["server_s_to_within_median"] for m, v in methods.items()}
+    ratios = {f"autotune/{b}": bounded_ratio(med["autotune"], med[b])
+              for b in ("autotune_sh", "grid_ceiling", "random_ceiling", "joint_tpe",
+                        "prescreen") if b in med}
+    a = methods["autotune"]
+    targets = {k: {"target": v, "ratio": ratios[k],
+                   "met": ratios[k]["high"] <= v} for k, v in TARGETS.items()}
+    targets["within_3pct_share"] = {"target": 0.95, "value": a["reached"] / a["runs"],
+                                    "met": a["reached"] / a["runs"] >= 0.95}
+    targets["unsafe_answers"] = {"target": 0, "value": a["safety"]["unsafe"],
+                                 "checked": a["safety"]["checked"],
+                                 "met": a["safety"]["unsafe"] == 0
+                                 and a["safety"]["unchecked"] == 0}
+    return {"per_run": per_run, "methods": methods, "ratios": ratios, "targets": targets}
+
+
+# ----------------------------------------------------------------------------- run
+
+
+def run(sizes: Sizes, truth_cache: Path | None) -> dict[str, Any]:
+    global _W
+    t0 = time.perf_counter()
+    scenarios = [SMOKE_SCENARIO] if sizes.smoke else SCENARIOS
+    w = _W = make_world(sizes, scenarios)
+    try:
+        truth_walls = phase_truth(w, truth_cache)
+        for sc in scenarios:
+            t = w.truth[sc.name]
+            log(f"truth {sc.name}: best {t['best_goodput_tokens']:,.0f} tok/s "
+                f"({t['best_config']}), {len(t['configs'])} configs, {t['tests']} tests")
+        t1 = time.perf_counter()
+        tasks: list[tuple[str, Any]] = [
+            ("walk", (sc.name, p)) for sc in scenarios for p in configs_of(sc, w.spaces[
+                sc.name])[0]]
+        tasks += [("method", (sc.name, "grid_ceiling", 0)) for sc in scenarios]
+        # Seed by seed, so a run stopped part-way has whole seeds in its task cache.
+        tasks += [("method", (sc.name, m, s)) for s in sizes.seeds for sc in scenarios
+                  for m in STUDY_METHODS]
+        walks, studies, grid_studies = [], [], {}
+        for i, r in enumerate(run_tasks(tasks, sizes.jobs)):
+            if "events" not in r:
+                walks.append(r)
+            elif r["method"] == "grid_ceiling":
+                grid_studies[r["scenario"]] = r
+            else:
+                studies.append(r)
+                log(f"{r['scenario']} {r['method']} seed {r['seed']}: {r['trials']} trials, "
+                    f"{r['total_server_s']:,.0f} server s, {r['cpu_s']:.0f} CPU s "
+                    f"({i + 1}/{len(tasks)}, {time.perf_counter() - t1:.0f} s)")
+        runs = studies + grid_runs(w, walks, grid_studies)
+        answers = sorted({(r["scenario"], r["events"][-1][1], round(float(r["events"][-1][2]),
+                                                                     6))
+                          for r in studies if r["method"] in ("autotune", "prescreen")
+                          and r["events"] and r["events"][-1][1] and r["events"][-1][2]})
+        t2 = time.perf_counter()
+        safety_rows = {(x["scenario"], x["config"], x["cap"]): x
+                       for x in run_tasks([("safety", a) for a in answers], sizes.jobs)}
+        log(f"safety: {len(answers)} distinct answers, {time.perf_counter() - t2:.0f} s")
+        judged = judge(w, runs, safety_rows)
+        return {
+            "how": how(sizes), "sizes": dataclasses.asdict(sizes),
+            "scenarios": [dataclasses.asdict(sc) for sc in scenarios],
+            "truth": {sc.name: {k: v for k, v in w.truth[sc.name].items()} for sc in scenarios},
+            "truth_wall_s_this_run": truth_walls,
+            "walks": walks, "grid_ceiling_per_config": {k: v["per_config"]
+                                                        for k, v in grid_studies.items()},
+            "safety": list(safety_rows.values()), **judged,
+            "methods_wall_s": time.perf_counter() - t1, "total_wall_s": time.perf_counter() - t0,
+            # A resumed run counts from its first cached task (it ran in an earlier process).
+            "wall_s_since_first_task": None if _FIRST_CACHED_AT is None
+            or math.isinf(_FIRST_CACHED_AT) else time.time() - _FIRST_CACHED_AT}
+    finally:
+        _W = None
+
+
+def how(z: Sizes) -> str:
+    return (
+        "Simulated (virtual time) on autotune's simulator profiles. Truth per config: "
+        f"bisection on the rate to {z.truth_tol:.0%} from a saturation test, each test "
+        f"{z.truth_min_requests:,}-{z.truth_max_requests:,} measured requests (at least "
+        f"{z.truth_span_s:g} s of arrivals within those counts) after {z.warmup} warm-up, "
+        "Poisson seed 0, no stop rule; a rate passes when every limit's P99 point estimate "
+        "holds and completions keep up with >= 97% of arrivals over the second half. "
+        f"Server time: {RESTART_S:g} s per (re)start plus each test from first send to last "
+        f"end. Studies: {z.n_trials} trials, steady-state tests (>= {z.min_requests} "
+        f"measured requests, {z.warmup} warm-up). A run reaches when the truth goodput of "
+        f"the config it would recommend is within {TOL:.0%} of the scenario's best; a run "
+        "that never does counts at its total (lower bound, '>X'). Seeds vary the samplers "
+        "and the grids' visiting order; workloads and arrivals are fixed.")
+
+
+# ----------------------------------------------------------------------------- markdown
+
+
+def markdown(d: dict[str, Any]) -> list[str]:
+    """This benchmark's section of benchmarks/RESULTS.md."""
+    z = d["sizes"]
+    out = [d["how"], "", f"Seeds: {len(z['seeds'])} per scenario x {len(d['scenarios'])} "
+           f"scenarios; wall {d['total_wall_s'] / 60:.1f} min with {z['jobs']} processes"
+           + ("" if d.get("wall_s_since_first_task") is None else
+              f" ({d['wall_s_since_first_task'] / 60:.1f} min since its first task, resumed "
+              "from a task cache)") + ".", "",
+           "| scenario | configs (rule-broken) | truth tests | best config | best goodput "
+           "tok/s | its ceiling req/s | configs within 3% |", "|---|---|---|---|---|---|---|"]
+    for sc in d["scenarios"]:
+        t = d["truth"][sc["name"]]
+        best = t["best_goodput_tokens"]
+        top = t["configs"][0] if t["configs"] else {}
+        near = sum(c["goodput_tokens"] >= (1 - TOL) * best for c in t["configs"])
+        out.append(f"| {sc['name']}: {sc['title']} | {len(t['configs'])} "
+                   f"({t['rule_broken_configs']}) | {t['tests']} | {t['best_config']} | "
+                   f"{best:,.0f} | {top.get('ceiling', 0):.2f} | {near} |")
+    out += ["", "| method | reached within 3% | server s to within (median) | share of best "
+            "at 1 h | at 3 h | total server s (median) |", "|---|---|---|---|---|---|"]
+    for m, v in d["methods"].items():
+        out.append(f"| {m} | {v['reached']}/{v['runs']} | "
+                   f"{fmt_bound(v['server_s_to_within_median'])} | "
+                   f"{v['share_at_1h_median']:.3f} | {v['share_at_3h_median']:.3f} | "
+                   f"{v['total_server_s_median']:,.0f} |")
+    names = [sc["name"] for sc in d["scenarios"]]
+    out += ["", "Per scenario, median server s to within 3%:", "",
+            "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for m, v in d["methods"].items():
+        out.append(f"| {m} | " + " | ".join(fmt_bound(v["per_scenario"][n]) for n in names)
+                   + " |")
+    t = d["targets"]
+    out += [""]
+    for k in TARGETS:
+        out.append(f"**Headline (same run): {k} = {fmt_bound(t[k]['ratio'], '.2f')} of the "
+                   f"server time to within 3% (median over {len(d['scenarios'])} scenarios x "
+                   f"{len(z['seeds'])} seeds; target <= "
+                   f"{t[k]['target']}: {'met' if t[k]['met'] else 'NOT met'})**")
+    w3 = t["within_3pct_share"]
+    us = t["unsafe_answers"]
+    out.append(f"**Headline (same run): autotune came within 3% in {w3['value']:.0%} of "
+               f"{d['methods']['autotune']['runs']} runs "
+               f"(target >= 95%: {'met' if w3['met'] else 'NOT met'}); {us['value']} unsafe "
+               f"answers of {us['checked']} checked in {z['safety_requests']:,}-request runs "
+               f"(target 0: {'met' if us['met'] else 'NOT met'})**")
+    out += ["", "Every ratio (bounds where runs never reached): " + "; ".join(
+        f"{k} {fmt_bound(r, '.2f')}" for k, r in d["ratios"].items())]
+    pre = [r["prescreen"] for r in d["per_run"] if r.get("prescreen")]
+    if pre:
+        cpu = quantile([p["cpu_s"] for p in pre], 0.5)
+        out.append(f"Pre-screen: {len(pre)} runs, median {cpu:.0f}"
+                   f" CPU s each (mis-specified profile {MISSPEC}).")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="one tiny scenario (seconds)")
+    ap.add_argument("--output", type=Path, default=None, help="write the figures as JSON")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per scenario (default 10)")
+    ap.add_argument("--jobs", type=int, default=None, help="processes (default 2)")
+    ap.add_argument("--only-scenarios", default="", help="comma-separated scenario names")
+    ap.add_argument("--task-cache", type=Path, default=None,
+                    help="JSONL of finished tasks, reused by a rerun (resume a stopped run)")
+    ap.add_argument("--truth-cache", type=Path, default=None,
+                    help=f"truth JSON (default benchmarks/results/{TRUTH_FILE}; none with "
+                         "--smoke)")
+    args = ap.parse_args(argv)
+    sizes = SMOKE if args.smoke else Sizes()
+    if args.seeds is not None:
+        sizes = dataclasses.replace(sizes, seeds=tuple(range(args.seeds)))
+    if args.jobs is not None:
+        sizes = dataclasses.replace(sizes, jobs=args.jobs)
+    cache = args.truth_cache or (None if args.smoke else ROOT / "benchmarks" / "results"
+                                 / TRUTH_FILE)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    global SCENARIOS, _TASK_CACHE
+    _TASK_CACHE = args.task_cache
+    if args.only_scenarios:
+        keep = set(args.only_scenarios.split(","))
+        SCENARIOS = [s for s in SCENARIOS if s.name in keep]
+    data = run(sizes, cache)
+    text = json.dumps(json_safe(data), indent=1, allow_nan=False)
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(args.output, text + "\n")
+    else:
+        print(text)
+    for line in markdown(data)[-6:]:
+        log(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,116 @@
+"""benchmarks/search_scenarios.py: its pure parts, the truth rule, and a smoke run.
+
+The smoke run checks structure and invariants, never figures or timings.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import search_scenarios as ss
+
+
+def test_time_to_within_and_value_at_budget() -> None:
+    events = [(100.0, 0.0), (250.0, 900.0), (400.0, 975.0), (600.0, 1000.0)]
+    assert ss.time_to_within(events, 1000.0, 0.03) == 400.0
+    assert ss.time_to_within(events, 1000.0, 0.0) == 600.0
+    assert ss.time_to_within(events, 2000.0, 0.03) is None
+    assert ss.time_to_within(events, 0.0, 0.03) is None  # no feasible config: never
+    assert ss.value_at(events, 50.0) == 0.0
+    assert ss.value_at(events, 399.0) == 900.0
+    assert ss.value_at(events, 1e9) == 1000.0
+
+
+def test_censored_median_and_ratio_bounds() -> None:
+    exact = ss.censored_median([100.0, None, 300.0], [500.0, 400.0, 600.0])
+    assert exact == {"low": 300.0, "high": 300.0}
+    lower = ss.censored_median([None, None, 100.0], [200.0, 300.0, 500.0])
+    assert lower == {"low": 200.0, "high": math.inf}
+    assert ss.fmt_bound(lower) == ">200"
+    r = ss.bounded_ratio({"low": 50.0, "high": 50.0}, {"low": 200.0, "high": math.inf})
+    assert r == {"low": 0.0, "high": 0.25}
+    assert ss.fmt_bound(ss.bounded_ratio(exact, exact), ".2f") == "1.00"
+
+
+def test_config_keys_round_trip() -> None:
+    space = ss.SMOKE_SCENARIO.space()
+    key = ss.ckey({"max_num_seqs": 8, "max_num_batched_tokens": 2048, "request_rate": 3.0},
+                  space)
+    assert dict(ss._parse_key(ss.key_str(key))) == {"max_num_seqs": 8,
+                                                    "max_num_batched_tokens": 2048}
+    assert dict(ss._parse_key("enable_chunked_prefill=False,max_num_seqs=4")) == {
+        "enable_chunked_prefill": False, "max_num_seqs": 4}
+
+
+def test_every_scenario_space_loads_and_has_launchable_configs() -> None:
+    for sc in ss.SCENARIOS:
+        configs, broken = ss.configs_of(sc, sc.space())
+        assert 16 <= len(configs) + broken <= 48, sc.name
+        assert configs, sc.name
+    long_prompts = next(s for s in ss.SCENARIOS if s.workload == "long")
+    # Without chunked prefill a token budget under max_model_len breaks a rule.
+    assert ss.configs_of(long_prompts, long_prompts.space())[1] > 0
+
+
+def test_truth_rule_is_monotone_in_rate_on_the_trivial_scenario() -> None:
+    sizes = ss.SMOKE
+    sc = ss.SMOKE_SCENARIO
+    ss._W = ss.make_world(sizes, [sc])
+    try:
+        params = {"max_num_seqs": 8, "max_num_batched_tokens": 2048}
+        row = ss.truth_config((sc.name, params))
+        ceiling, first_fail = row["ceiling"], row["first_fail"]
+        assert 0 < ceiling < first_fail <= ceiling * (1 + sizes.truth_tol) * 1.0001
+        rates = [0.25 * ceiling, 0.6 * ceiling, ceiling, 1.5 * first_fail, 3 * first_fail]
+        verdicts = [ss.truth_test(sc, params, r)[0] for r in rates]
+        assert verdicts == [True, True, True, False, False]
+        # Goodput at the ceiling is the rate x good output tokens per request.
+        assert 0 < row["goodput_tokens"] <= ceiling * max(
+            r.output_tokens for r in ss._W.pools[sc.name])
+    finally:
+        ss._W = None
+
+
+def test_smoke_run_has_every_method_and_finite_figures(tmp_path: Path) -> None:
+    out = tmp_path / "s.json"
+    assert ss.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["methods"]) == set(ss.METHODS)
+    names = {s["name"] for s in data["scenarios"]}
+    assert names == {ss.SMOKE_SCENARIO.name}
+    runs = {(r["method"], r["scenario"]) for r in data["per_run"]}
+    assert runs == {(m, n) for m in ss.METHODS for n in names}
+    assert len(data["per_run"]) == len(ss.METHODS) * len(ss.SMOKE.seeds)
+    for m, v in data["methods"].items():
+        assert 0 <= v["reached"] <= v["runs"], m
+        assert v["server_s_to_within_median"]["low"] is not None, m
+        assert math.isfinite(v["total_server_s_median"]) and v["total_server_s_median"] > 0
+        for b in ("1h", "3h"):
+            assert 0.0 <= v[f"share_at_{b}_median"] <= 1.0 + 1e-9, (m, b)
+    for r in data["per_run"]:
+        # A run reaches within its own server time; shares are of the truth's best.
+        assert math.isfinite(r["total_server_s"]) and r["total_server_s"] > 0
+        if r["reached"]:
+            assert 0 < r["server_s_to_within"] <= r["total_server_s"] + 1e-6
+        assert all(0 <= r[k] <= 1 + 1e-9 for k in ("share_at_1h", "share_at_3h", "final_share"))
+    truth = data["truth"][ss.SMOKE_SCENARIO.name]
+    assert truth["best_goodput_tokens"] == max(c["goodput_tokens"] for c in truth["configs"])
+    assert all(c["ceiling"] <= c["first_fail"] for c in truth["configs"] if c["ceiling"])
+    # Every autotune answer was run for the safety check.
+    assert data["methods"]["autotune"]["safety"]["unchecked"] == 0
+    assert set(data["targets"]) >= {"autotune/autotune_sh", "autotune/random_ceiling",
+                                    "within_3pct_share", "unsafe_answers"}
+    lines = ss.markdown(data)
+    assert any(line.startswith("**Headline (same run): autotune/autotune_sh") for line in lines)
+
+
+@pytest.mark.parametrize("name", [s.name for s in ss.SCENARIOS])
+def test_truth_fingerprint_changes_with_the_scenario(name: str) -> None:
+    sc = next(s for s in ss.SCENARIOS if s.name == name)
+    other = ss.dataclasses.replace(sc, slo="1s")
+    assert ss.fingerprint(sc, ss.Sizes()) != ss.fingerprint(other, ss.Sizes())
+    assert ss.fingerprint(sc, ss.Sizes()) == ss.fingerprint(sc, ss.Sizes())

@@ -8,6 +8,7 @@ request timeout rather than by sleeps."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -16,8 +17,9 @@ import pytest
 from autotune.loadgen import LoadTestConfig, run_load_test_sync
 from autotune.metrics import Summary, summarize
 from autotune.server import SimServer
-from autotune.servers.process import group_members, pid_alive, port_bindable
+from autotune.servers.process import descendants, group_members, pid_alive, port_bindable
 from autotune.slo import parse_slo
+from autotune.testing.fake_server import FakeServerProcess
 from autotune.trial import INFEASIBLE, LoadPlan, ServerBackend, evaluate
 from autotune.workload import Request
 
@@ -114,4 +116,19 @@ def test_crash_in_mid_test_is_an_infeasible_trial_with_a_log_tail(tmp_path: Path
     # Nothing left behind: no process of the server's group, and its port is free.
     assert pid is not None and port is not None
     assert not pid_alive(pid) and not group_members(pid)
+    assert port_bindable("127.0.0.1", port)
+
+
+def test_fake_server_process_runs_under_the_process_owner() -> None:
+    # The guard leads a group of its own with the server in it, and stop() leaves
+    # neither behind.
+    before = set(descendants(os.getpid()))
+    with FakeServerProcess(["--token-delay-ms", "1"]) as server:
+        port = int(server.url.rsplit(":", 1)[1])
+        mine = set(descendants(os.getpid())) - before
+        assert len(mine) >= 2, mine  # the guard and the server
+        leaders = {p for p in mine if os.getpgid(p) == p}
+        assert len(leaders) == 1 and {os.getpgid(p) for p in mine} == leaders  # one group
+        assert leaders != {os.getpgid(0)}  # not the test's group
+    assert not any(pid_alive(p) for p in mine)
     assert port_bindable("127.0.0.1", port)

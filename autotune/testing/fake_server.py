@@ -573,15 +573,12 @@ class FakeServer:
         self.stop()
 
 
-def stop_process(proc: subprocess.Popen[str], grace_s: float = 5.0) -> None:
-    """SIGTERM, ``grace_s`` to exit, then SIGKILL; always reaped."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def stop_process(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
+    """SIGTERM, ``grace_s`` to exit, then SIGKILL; always reaped.  The process owner's
+    stop, so a process's group and children go with it, whoever started it."""
+    from autotune.servers.process import stop_group
+
+    stop_group(proc, grace_s=grace_s)
 
 
 class FakeServerProcess:
@@ -595,7 +592,7 @@ class FakeServerProcess:
         self.args = list(args)
         self.host = host
         self.url = ""
-        self._proc: subprocess.Popen[str] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 30.0) -> FakeServerProcess:
         argv = [sys.executable, "-m", "autotune.testing.fake_server", "--host", self.host,
@@ -603,11 +600,15 @@ class FakeServerProcess:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        self._proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+        from autotune.servers.process import spawn
+
+        # Under the process owner's guard, in a group of its own: a test run killed with
+        # kill -9 takes its fake servers down too.
+        self._proc = spawn(argv, stdout=subprocess.PIPE, env=env, grace_s=5.0)
         deadline = time.monotonic() + timeout_s
         assert self._proc.stdout is not None
         while time.monotonic() < deadline:
-            line = self._proc.stdout.readline()
+            line = self._proc.stdout.readline().decode(errors="replace")
             if not line:
                 break
             if "listening on " in line:

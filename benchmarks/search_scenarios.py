@@ -993,6 +993,10 @@ def main(argv: list[str] | None = None) -> int:
         sizes = dataclasses.replace(sizes, seeds=tuple(range(args.seeds)))
     if args.jobs is not None:
         sizes = dataclasses.replace(sizes, jobs=args.jobs)
+    elif args.smoke:
+        # One process: a forked pool inside a process that already runs threads (pytest,
+        # Optuna's storage) can deadlock on a lock held by a thread that was not copied.
+        sizes = dataclasses.replace(sizes, jobs=1)
     cache = args.truth_cache or (None if args.smoke else ROOT / "benchmarks" / "results"
                                  / TRUTH_FILE)
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -77,7 +77,7 @@ def test_truth_rule_is_monotone_in_rate_on_the_trivial_scenario() -> None:
 
 def test_smoke_run_has_every_method_and_finite_figures(tmp_path: Path) -> None:
     out = tmp_path / "s.json"
-    assert ss.main(["--smoke", "--output", str(out)]) == 0
+    assert ss.main(["--smoke", "--jobs", "1", "--output", str(out)]) == 0
     data = json.loads(out.read_text())
     assert set(data["methods"]) == set(ss.METHODS)
     names = {s["name"] for s in data["scenarios"]}

@@ -22,11 +22,24 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+def _umask() -> int:
+    """The process umask, read without setting it (os.umask would change it for every
+    thread for a moment); 0o022 where /proc does not say."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
 def atomic_write(path: str | os.PathLike[str], text: str) -> None:
     """Write a whole file or nothing: a crash never leaves half a result behind."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.resolve().parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file private (0600); a result file gets the umask's mode, as
+        # any file the user writes does.
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
         os.replace(tmp, path)

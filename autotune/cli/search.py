@@ -38,7 +38,7 @@ def search(
         help="Optuna storage URL (default sqlite:///studies/<name>.db).")] = None,
     sampler: Annotated[str, typer.Option(help="tpe, gp, random or grid.")] = "tpe",
     n_trials: Annotated[int | None, typer.Option(
-        help="Finished trials the study should reach (default 60 sim, 20 otherwise).")
+        help="Finished trials the study should reach (default 30 sim, 20 otherwise).")
     ] = None,
     timeout: Annotated[str | None, typer.Option(
         help="Stop starting trials after this wall time, e.g. 30m.")] = None,

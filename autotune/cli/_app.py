@@ -9,7 +9,7 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from autotune.servers.process import install_signal_handlers
+from autotune.servers.process import install_signal_handlers, restore_signal_handlers
 
 # Click's UsageError (unknown option, bad value, missing option).  Recent Typer vendors
 # Click as a private module, older Typer uses Click itself; either way it is the base of
@@ -57,8 +57,10 @@ app = typer.Typer(
 
 
 @app.callback()
-def _before_every_command() -> None:
+def _before_every_command(ctx: typer.Context) -> None:
     # search, sweep, ceiling, worker and bench start servers: Ctrl-C, SIGTERM and SIGHUP
     # must stop them in order, from the command's first line on, not only once the
-    # first server is up.
-    install_signal_handlers()
+    # first server is up.  When the command returns, the handlers that were there
+    # before come back (the CLI run in-process, by a test or a notebook, leaves none).
+    if install_signal_handlers():
+        ctx.call_on_close(restore_signal_handlers)

@@ -15,6 +15,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.servers.process import descendants
 from autotune.storage import mask_url, scrub, storage_kind, url_password
 from autotune.worker import (
     StudySpec,
@@ -145,23 +146,6 @@ def assert_no_secret(password: str, tmp: Path, study: optuna.Study, *texts: str)
     dump = json.dumps([study.user_attrs, study._storage.get_study_system_attrs(study._study_id)]
                       + [[t.user_attrs, t.system_attrs] for t in study.trials], default=str)
     assert password not in dump
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(stat[1]), []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            out.append(c)
-            todo.append(c)
-    return out
 
 
 def alive(pid: int) -> bool:

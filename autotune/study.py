@@ -512,9 +512,9 @@ class Objective:
                 else result.summary.goodput_tokens))
         for key, value in constraints_for(result, self.s.slo).items():
             trial.set_constraint(key, value)
-        for probe_result in ([result] if ceiling is None else []):
-            _append_experiment(self.s, trial.number, probe_result)
-        if ceiling is not None:
+        if ceiling is None:
+            _append_experiment(self.s, trial.number, result)
+        else:
             for p in ceiling.probes:
                 if p.summary is not None:
                     _append_probe(self.s, trial.number, result, p)

@@ -367,6 +367,10 @@ def judge(
     span = t_end - steady_from
     arrival_rate = arr_n / span if span > 0 else 0.0
     served_rate = done_n / span if span > 0 else 0.0
+    # The backlog's mean level over the steady part: the scale of its counting noise,
+    # for both the served-vs-arriving slack and the growth's materiality below.
+    mean_backlog = float(np.mean(_backlog(a, np.linspace(steady_from, t_end, 16)))) if (
+        span > 0) else 0.0
     rate_ref = offered_rate if math.isfinite(offered_rate) else arrival_rate
     allowed_slope = rule.backlog_share * rate_ref
     slope = upper_slope = lower_slope = None
@@ -389,8 +393,6 @@ def judge(
     # And a growth must be material in requests, not only in slope: at a few req/s a
     # queue of a handful wanders by more than the allowance's worth in a minute.
     growth = 0.0 if lower_slope is None else lower_slope * max(t_end - steady_from, 0.0)
-    mean_backlog = float(np.mean(_backlog(a, np.linspace(steady_from, t_end, 16)))) if (
-        t_end > steady_from) else 0.0
     material = growth >= max(8.0, 5.0 * math.sqrt(max(mean_backlog, 1.0)))
     if (lower_slope is not None and lower_slope > allowed_slope and at_s >= min_s
             and at_s >= 4.0 * stay and material):
@@ -421,8 +423,7 @@ def judge(
             need.append(f"{len(measured)} of the {rule.min_requests} requests minimum")
         # Completions trail arrivals by the change in backlog over the span, which
         # wanders by a few times the square root of its level in a stable queue.
-        slack = 3.0 * math.sqrt(float(np.mean(_backlog(a, np.linspace(
-            steady_from, t_end, 8)))) + 1.0) if span > 0 else 0.0
+        slack = 3.0 * math.sqrt(mean_backlog + 1.0) if span > 0 else 0.0
         if arrival_rate > 0 and done_n < rule.served_share * arr_n - slack:
             need.append(f"served {served_rate:.3g} of {arrival_rate:.3g} req/s arriving over "
                         f"the steady part (< {rule.served_share:.0%})")

@@ -22,6 +22,7 @@ monotone function of rate and bisection is not fooled by the draw.  Repeats (the
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,11 @@ class CeilingError(AutotuneError, ValueError):
     """The ceiling search cannot run as asked; the message says what and how to fix."""
 
 
+class BudgetSpent(CeilingError):
+    """The server-time budget (``--budget``) ran out before the next load test: the
+    search ends with what its tests so far support."""
+
+
 # ----------------------------------------------------------------------------- probe
 
 
@@ -73,6 +79,8 @@ class ProbeResult:
     # The steady-state verdict (autotune.verdict.Evidence) when the probe was sized by
     # time: it decides pass/fail/inconclusive instead of the summary's SLO check.
     evidence: Any = None
+    # The server-time budget ran out during this test, which was cut there.
+    budget_cut: bool = False
 
 
 def completion_rate(records: Sequence[RequestRecord]) -> float | None:
@@ -286,6 +294,8 @@ class CeilingResult:
     below_start: bool = False
     # The long run at the cap (autotune.validation.Validation), when one was made.
     validation: Any = None
+    # The server-time budget ran out during the search: the answer is partial.
+    budget_spent: bool = False
 
     @property
     def recommended_cap(self) -> float | None:
@@ -325,6 +335,12 @@ class CeilingResult:
             low = self.lowest_rate
             shown = _rate(low) if low is not None else "the lowest rate"
             at_low = [p for p in self.probes if p.rate == low]
+            if self.budget_spent and not any(p.verdict == "fail" for p in at_low):
+                if not at_low:
+                    return (f"{prefix}not measured: the --budget ran out before its first "
+                            "load test")
+                return (f"{prefix}not established: the --budget ran out during the load "
+                        f"test at {shown} req/s, before it could pass ({self.slo})")
             if self.below_start:
                 return (f"{prefix}does not sustain {shown} req/s, the rate it needs to beat "
                         f"the best config so far ({self.slo})")
@@ -347,7 +363,9 @@ class CeilingResult:
                     f"{self.validation.sentence()}")
         text = (f"{prefix}{head} {_rate(self.feasible_max)} req/s with {limits}; "
                 f"cap at {_rate(cap)} req/s")
-        if self.infeasible_min is None:
+        if self.budget_spent:
+            text += " (partial: the --budget ran out before the search converged)"
+        elif self.infeasible_min is None:
             text += " (no failing rate found within the probe budget)"
         if self.validation is not None:
             text += f"; {self.validation.sentence()}"
@@ -376,6 +394,7 @@ class CeilingResult:
             "stepdown_rate": self.stepdown_rate,
             "spread": [s.to_dict() for s in self.spread],
             "below_start": self.below_start,
+            "budget_spent": self.budget_spent,
             "validation": None if self.validation is None else self.validation.to_dict(),
             "notes": list(self.notes),
             "probes": [p.to_dict() for p in self.probes],
@@ -479,6 +498,7 @@ class _Search:
         self.cap_est: float | None = None  # service capacity seen by overloaded probes
         self.notes: list[str] = []
         self.source: str | None = None
+        self.cut_at: float | None = None  # the rate whose test the budget cut short
 
     @property
     def used(self) -> int:
@@ -528,7 +548,15 @@ class _Search:
         self.probes.append(p)
         if self.on_probe is not None:
             self.on_probe(p)
+        if res.budget_cut:
+            self.cut_at = rate
         return p
+
+    def stop_if_cut(self) -> None:
+        """After a test the budget cut short, nothing more can run."""
+        if self.cut_at is not None:
+            raise BudgetSpent(f"the --budget ran out during the load test at "
+                              f"{_rate(self.cut_at)} req/s, which was cut there")
 
     def evaluate(self, rate: float, phase: str) -> str:
         """Run one rate (re-running with more requests while uncertain); its verdict."""
@@ -556,6 +584,7 @@ class _Search:
         if p.passed and self.cap_est is not None and rate >= self.cap_est:
             self.cap_est = None  # the estimate was too low: forget it
         self.verdicts[rate] = p.verdict
+        self.stop_if_cut()
         return p.verdict
 
     def slack_at(self, rate: float) -> float | None:
@@ -666,32 +695,43 @@ def find_ceiling(
 
     saturated: float | None = None
     saturated_how: str | None = None
-    if start_rate is None:
-        # Its only use is a starting rate: a few hundred requests at once measure the
-        # service rate; the whole (time-sized) request count would make a real server
-        # drain minutes of work before the search even starts.
-        sat = search.run_one(math.inf, min(search.n, SATURATION_REQUESTS), "saturation",
-                             note="every request at once: measures saturated throughput")
-        saturated, saturated_how = sat.request_throughput, "measured at rate inf"
-        if not saturated > 0:
-            raise CeilingError("the saturation probe completed no request: check the server")
-        search.cap_est = saturated
-        start_rate = 0.7 * saturated
-    floor_rate = min_rate if min_rate is not None else start_rate / 32.0
-    if max_rate is not None:
-        start_rate = min(start_rate, max_rate)
-    start_rate = max(start_rate, floor_rate)
+    below_start = budget_spent = False
+    spread: list[Spread] = []
+    try:
+        if start_rate is None:
+            # Its only use is a starting rate: a few hundred requests at once measure the
+            # service rate; the whole (time-sized) request count would make a real server
+            # drain minutes of work before the search even starts.
+            sat = search.run_one(math.inf, min(search.n, SATURATION_REQUESTS), "saturation",
+                                 note="every request at once: measures saturated throughput")
+            saturated, saturated_how = sat.request_throughput, "measured at rate inf"
+            search.stop_if_cut()
+            if not saturated > 0:
+                raise CeilingError(
+                    "the saturation probe completed no request: check the server")
+            search.cap_est = saturated
+            start_rate = 0.7 * saturated
+        floor_rate = min_rate if min_rate is not None else start_rate / 32.0
+        if max_rate is not None:
+            start_rate = min(start_rate, max_rate)
+        start_rate = max(start_rate, floor_rate)
 
-    below_start = False
-    if first_must_pass:
-        if search.evaluate(start_rate, "incumbent") != "pass":
-            below_start = True
+        if first_must_pass:
+            if search.evaluate(start_rate, "incumbent") != "pass":
+                below_start = True
+            else:
+                _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate, started=True)
         else:
-            _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate, started=True)
-    else:
-        _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate)
-    _bisect(search, tol)
-    spread = _repeat_boundaries(search, repeats) if not below_start else []
+            _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate)
+        _bisect(search, tol)
+        spread = _repeat_boundaries(search, repeats) if not below_start else []
+    except BudgetSpent as exc:
+        # What the tests so far support stands; an incumbent test cut short proves
+        # nothing either way, so the config is not called below the incumbent.
+        budget_spent = True
+        below_start = (first_must_pass and start_rate is not None
+                       and search.verdicts.get(start_rate) == "fail")
+        search.notes.append(str(exc))
 
     lo, hi = search.lo(), search.hi()
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
@@ -718,7 +758,8 @@ def find_ceiling(
         stepdown_probes=stepdown,
         stepdown_rate=(stepdown_rate(saturated, lo)
                        if saturated is not None and lo is not None else None),
-        spread=spread, notes=search.notes, below_start=below_start)
+        spread=spread, notes=search.notes, below_start=below_start,
+        budget_spent=budget_spent)
 
 
 def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
@@ -917,7 +958,8 @@ class BackendProbe:
                  pool: Sequence[Request], *, warmup: int = 50, seed: int = 0,
                  prune: bool = True, window_s: float = 1.0,
                  request_timeout_s: float = 600.0, drain: bool = True,
-                 drain_timeout_s: float = 600.0, steady: Any = None) -> None:
+                 drain_timeout_s: float = 600.0, steady: Any = None,
+                 deadline_s: float | None = None) -> None:
         if not pool:
             raise CeilingError("the workload is empty: no requests to probe with")
         self.backend = backend
@@ -937,6 +979,9 @@ class BackendProbe:
         # autotune.verdict.SteadyState: each finite-rate probe is sized by time and
         # judged on steady-state evidence; None: ``n`` measured requests.
         self.steady = steady
+        # When the server-time budget ends, on the backend's ``server_s`` clock: no test
+        # starts after it, and a test sized by time is cut there.
+        self.deadline_s = deadline_s
 
     def plan(self, n: int, repeat: int = 0, rate: float = math.inf) -> Any:
         from autotune.trial import LoadPlan
@@ -961,8 +1006,15 @@ class BackendProbe:
         from autotune.trial import PRUNED, probe
 
         before = float(getattr(self.backend, "server_s", 0.0))
+        plan = self.plan(n, repeat, rate)
+        if self.deadline_s is not None:
+            left = self.deadline_s - before
+            if left <= 0:
+                raise BudgetSpent(f"the --budget ran out before the load test at "
+                                  f"{_rate(rate)} req/s")
+            plan = dataclasses.replace(plan, deadline_s=self.deadline_s)
         # The saturation probe sends everything at once: nothing to prune.
-        result = probe(self.backend, self.flags, rate, self.plan(n, repeat, rate),
+        result = probe(self.backend, self.flags, rate, plan,
                        prune=self.prune and math.isfinite(rate))
         self.results.append(result)
         if result.summary is None or result.reason == "crashed":
@@ -977,7 +1029,8 @@ class BackendProbe:
             summary=result.summary, pruned=pruned,
             prune_reason=f"{result.reason}: {result.detail}" if pruned else None,
             gpu_util=None if util is None else util / 100.0, server_s=server_s,
-            completion_rate=completion_rate(result.records), evidence=result.evidence)
+            completion_rate=completion_rate(result.records), evidence=result.evidence,
+            budget_cut=result.budget_cut)
 
     def _drain(self) -> float:
         if not self.drain:

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.flags import CLIENT_PARAMS
 from autotune.server import config_to_flags
 
 # Keys of a config that shape the client's load, not the server.
-CLIENT_KEYS = ("request_rate", "max_concurrency")
 BASE_PORT = 8000
 ENVOY_MIN_FILL_MS = 50  # Envoy refuses a token-bucket fill_interval under 50 ms
 
@@ -210,7 +210,7 @@ def serve_command(
     host: str = "0.0.0.0",
 ) -> str:
     """``CUDA_VISIBLE_DEVICES=0,1 vllm serve MODEL --host H --port P --flags...``."""
-    flags = {k: v for k, v in config.items() if k not in CLIENT_KEYS}
+    flags = {k: v for k, v in config.items() if k not in CLIENT_PARAMS}
     model = model or flags.pop("model", None)
     flags.pop("model", None)
     if not model:

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 # Client-side knobs of a config: the load generator's, never vLLM's.
-CLIENT_KEYS = ("request_rate", "max_concurrency")
+# Parameters of the load generator, not of the server: never a server flag.
+CLIENT_PARAMS = ("request_rate", "max_concurrency")
 
 
 def flag_value(value: Any) -> str:
@@ -39,7 +40,7 @@ def config_to_argv(config: Mapping[str, Any]) -> list[str]:
     """
     argv: list[str] = []
     for key, value in config.items():
-        if value is None or key == "model" or key in CLIENT_KEYS:
+        if value is None or key == "model" or key in CLIENT_PARAMS:
             continue
         flag = "--" + str(key).strip("-").replace("_", "-")
         if value is True:

@@ -172,6 +172,14 @@ def _validate(o: SearchOptions) -> Plan:
     gpu_ids = parse_gpu_ids(o.gpu_ids)
     env = parse_env(list(o.vllm_env))
     timeout_s, budget_s = duration("--timeout", o.timeout), duration("--budget", o.budget)
+    if budget_s is not None and validate_s is not None:
+        # The answer's validation run is part of what the user asked the budget to cover.
+        if budget_s <= validate_s:
+            raise OptionsError(
+                f"--budget {o.budget} leaves no server time for the search after the "
+                f"{o.validate} validation run: raise --budget above {o.validate}, or pass "
+                "--validate off")
+        budget_s -= validate_s
     hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
     heads = space.attention_heads
     if backend == "sim" or o.prescreen:
@@ -422,7 +430,12 @@ def run_search(o: SearchOptions) -> int:
             _validate_cap(rec, backend, load_plan, plan, out)
         _rate_table(rec, run.study, backend)
     except rec_mod.RecommendError as exc:
-        err_console.print(f"[bold red]no recommendation:[/] {exc}", soft_wrap=True)
+        text = str(exc)
+        if isinstance(exc, rec_mod.NothingFeasible):
+            floor = _floor_note(run.study, plan.slo, load_plan)
+            if floor:  # "lower the rate" is the wrong advice there: say why instead
+                text = f"{exc.finding}: {floor}"
+        err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
         _report(plan, out)  # the trials that ran are still worth a look
         return 1
     except KeyboardInterrupt:
@@ -503,7 +516,7 @@ def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: 
     pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
                   timeout_s=None, budget_s=None)
     run = run_study(pre, sim, load_plan, storage=storage)
-    picks = prescreen_enqueue(rows_from_study(run.study, plan.space), plan.space,
+    picks = prescreen_enqueue(rows_from_study(run.study), plan.space,
                               top_k=o.top_k)
     out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
               f"measuring the top {len(picks)} configs first, each at its predicted "
@@ -512,32 +525,33 @@ def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: 
 
 
 def _views(study: Any) -> list[Any]:
-    from optuna.trial import TrialState
+    from autotune.recommend import view_of
+    from autotune.record import stored_trials
 
-    from autotune.recommend import view_from_row
+    return [view_of(t) for t in stored_trials(study)]
 
-    out = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.RUNNING, TrialState.WAITING):
-            continue
-        out.append(view_from_row(t.number, t.user_attrs, value=t.value, state=t.state.name,
-                                 baseline=bool(t.user_attrs.get("baseline")),
-                                 params=t.params))
-    return out
+
+def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
+    """When no config met the SLO: is a limit missed even where a config kept up with
+    the load (so a lower rate cannot help)?  From each trial's lowest-rate test."""
+    from autotune.floor import LightTest, advice, floors
+    from autotune.record import stored_trials
+
+    tests = [LightTest.of(t.number, t.rate, t.evidence) for t in stored_trials(study)]
+    under = floors(slo, [t for t in tests if t is not None])
+    if not under:
+        return None
+    return advice(under, output_tokens=[r.output_tokens for r in load_plan.requests])
 
 
 def _rate_table(rec: Any, study: Any, backend: Any) -> None:
     """The seed-style table for the recommended config, from its own trial's load tests
     (the rate search) and the validation runs: no extra server time is spent."""
     from autotune.recommend import table_row
+    from autotune.record import stored_trials
 
-    trial = next(t for t in study.get_trials(deepcopy=False) if t.number == rec.best.trial)
-    res = trial.user_attrs.get("result") or {}
-    probes = (res.get("ceiling") or {}).get("probes") or []
-    origin = res.get("repeat_of")
-    if not probes and origin is not None:
-        twin = next(t for t in study.get_trials(deepcopy=False) if t.number == origin)
-        probes = ((twin.user_attrs.get("result") or {}).get("ceiling") or {}).get("probes") or []
+    trials = stored_trials(study)
+    probes = next(t for t in trials if t.number == rec.best.trial).probes(trials)
     measured = backend.mode != "virtual"
     for p in sorted((p for p in probes if p.get("rate") is not None),
                     key=lambda p: (p["rate"], p["index"])):

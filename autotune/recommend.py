@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.errors import AutotuneError
+from autotune.record import StoredTrial
 from autotune.space import CLIENT_PARAMS, serve_command
 
 DEFAULT_HEADROOM = 0.10
@@ -22,6 +23,16 @@ DEFAULT_HEADROOM = 0.10
 
 class RecommendError(AutotuneError, ValueError):
     """There is nothing to recommend from (no trial finished, none feasible)."""
+
+
+class NothingFeasible(RecommendError):
+    """No trial met the SLO: ``finding`` says how many ended how, ``advice`` what to
+    try (a caller that knows better, such as an SLO under the floor, replaces it)."""
+
+    def __init__(self, finding: str, advice: str) -> None:
+        super().__init__(f"{finding}: {advice}")
+        self.finding = finding
+        self.advice = advice
 
 
 @dataclass(frozen=True)
@@ -54,31 +65,16 @@ class TrialView:
                            if k not in CLIENT_PARAMS}, sort_keys=True, default=str)
 
 
-def view_from_row(number: int, attrs: Mapping[str, Any], *, value: float | None,
-                  state: str, baseline: bool, params: Mapping[str, Any]) -> TrialView:
-    """A :class:`TrialView` from a trial's ``result`` user attr (see ``trial.to_attrs``)."""
-    res = attrs.get("result") or {}
-    summ = dict(res.get("summary") or {})
-    e2e = summ.get("e2e") or {}
-    ev = res.get("evidence") or {}
-    if ev:
-        # A test sized by time: goodput over its judged arrivals (steady state), the
-        # figure the trial's value is, not the drain-biased whole-window one.
-        summ["goodput_tokens"] = ev.get("goodput_tokens")
-        summ["goodput_requests"] = ev.get("goodput_requests")
-    tele = res.get("telemetry") or {}
-    status = res.get("status") or ("failed" if state == "FAIL" else "?")
+def view_of(t: StoredTrial) -> TrialView:
+    """What the recommendation needs of one stored trial."""
     return TrialView(
-        number=number, flags=dict(res.get("flags") or {}),
-        rate=res.get("rate", params.get("request_rate")), status=status,
-        feasible=bool(res.get("feasible")) and state == "COMPLETE",
-        value=value if state == "COMPLETE" else None,
-        goodput_tokens=summ.get("goodput_tokens"), goodput_requests=summ.get("goodput_requests"),
-        output_throughput=summ.get("output_throughput"), p99_e2e_s=e2e.get("p99"),
-        attainment=summ.get("attainment"), gpu_util_pct=tele.get("gpu_util_mean_pct"),
-        gpus=int(res.get("gpus") or 1), reason=res.get("reason"), baseline=baseline,
-        source=summ.get("source") or "", predicted=attrs.get("predicted"),
-        launch=res.get("launch"))
+        number=t.number, flags=t.flags, rate=t.rate, status=t.status, feasible=t.feasible,
+        value=t.objective_value, goodput_tokens=t.goodput_tokens,
+        goodput_requests=t.goodput_requests,
+        output_throughput=t.measured("output_throughput"), p99_e2e_s=t.stat("e2e", "p99"),
+        attainment=t.measured("attainment"), gpu_util_pct=t.gpu_util_pct, gpus=t.gpus,
+        reason=t.reason, baseline=t.baseline, source=t.source or "",
+        predicted=t.predicted, launch=t.launch)
 
 
 @dataclass
@@ -187,9 +183,9 @@ def recommend(
                       key=lambda v: (-(v.value or 0.0), v.number))
     if not feasible:
         why = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no trials"
-        raise RecommendError(
-            f"no trial met the SLO {slo} ({why}): relax the SLO, widen the search space "
-            "(lower request_rate), or run more trials")
+        raise NothingFeasible(
+            f"no trial met the SLO {slo} ({why})",
+            "relax the SLO, widen the search space (lower request_rate), or run more trials")
     picks: list[Pick] = []
     seen: set[str] = set()
     for v in feasible:

@@ -30,9 +30,9 @@ from typing import Any, Protocol
 import yaml
 
 from autotune.errors import AutotuneError
+from autotune.flags import CLIENT_PARAMS
 
 PARAM_TYPES = ("int", "float", "categorical", "bool")
-CLIENT_PARAMS = ("request_rate", "max_concurrency")
 # vLLM engine flags a space may set (snake_case of `vllm serve --flag`).
 VLLM_FLAGS = (
     "model",

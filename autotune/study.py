@@ -28,6 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.errors import AutotuneError
 from autotune.optuna_adapter import fail_running_trial, set_trial_system_attr
 from autotune.pruning import PrunerSettings
+from autotune.record import StoredTrial, stored_trials
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
 from autotune.trial import (
@@ -278,41 +279,10 @@ def constraints_for(result: TrialResult | None, slo: SLO) -> dict[str, float]:
     return out
 
 
-@dataclass
-class TrialRow:
-    """One finished trial as the recommendation and the live view see it."""
-
-    number: int
-    state: str
-    params: dict[str, Any]
-    flags: dict[str, Any]
-    rate: float | None
-    status: str
-    feasible: bool
-    value: float | None
-    reason: str | None
-    detail: str | None
-    baseline: bool
-    attrs: dict[str, Any]
-
-
-def rows_from_study(study: optuna.Study, space: SearchSpace) -> list[TrialRow]:
-    rows = []
-    for t in study.get_trials(deepcopy=False):
-        if t.state in (TrialState.RUNNING, TrialState.WAITING):
-            continue
-        res = t.user_attrs.get("result") or {}
-        params = dict(t.params)
-        rows.append(TrialRow(
-            number=t.number, state=t.state.name, params=params,
-            flags=res.get("flags") or space.server_flags(params),
-            rate=params.get("request_rate", res.get("rate")),
-            status=res.get("status") or ("failed" if t.state == TrialState.FAIL else "?"),
-            feasible=bool(res.get("feasible")) and t.state == TrialState.COMPLETE,
-            value=t.value if t.state == TrialState.COMPLETE else None,
-            reason=res.get("reason"), detail=res.get("detail"),
-            baseline=bool(t.user_attrs.get("baseline")), attrs=dict(t.user_attrs)))
-    return rows
+def rows_from_study(study: optuna.Study) -> list[StoredTrial]:
+    """The finished trials, as the recommendation, the pre-screen and the refinement
+    read them (``autotune.record``)."""
+    return stored_trials(study)
 
 
 BELOW_INCUMBENT = "below_incumbent"
@@ -345,6 +315,9 @@ class Objective:
         self.space = settings.space.for_configs(gpus=settings.gpus,
                                                 attention_heads=settings.attention_heads)
         self.rates = rate_bounds(settings.space)
+        # When ``settings.budget_s`` ends on the backend's server_s clock (run_study
+        # sets it): no load test starts after it, and one running then is cut there.
+        self.deadline_s: float | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
         set_trial_system_attr(trial, "autotune:pid", os.getpid())
@@ -401,14 +374,15 @@ class Objective:
         return None, False, "a saturation probe (no incumbent yet)", None
 
     def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
-        from autotune.ceiling import BackendProbe, CeilingError, find_ceiling
+        from autotune.ceiling import BackendProbe, BudgetSpent, CeilingError, find_ceiling
 
         start, must_pass, why, floor = self.start_rate(trial, flags)
         plan = self.plan
         pool = list(plan.warmup_requests) + list(plan.requests)
         probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
                              seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s, steady=plan.steady)
+                             request_timeout_s=plan.request_timeout_s, steady=plan.steady,
+                             deadline_s=self.deadline_s)
         low, high = self.rates or (None, None)
         if floor is not None:
             low = max(low or floor, floor)
@@ -421,6 +395,8 @@ class Objective:
                 max_probes=self.s.max_probes, num_prompts=max(len(plan.requests), 1),
                 max_num_prompts=max(len(plan.requests), 2400), headroom=self.s.headroom,
                 min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe)
+            if not ceiling.probes:  # the budget ran out before the first load test
+                raise BudgetSpent(ceiling.sentence())
         except (CeilingError, TrialFailed) as exc:
             last = probe.results[-1] if probe.results else None
             result = last if last is not None else TrialResult(
@@ -428,7 +404,8 @@ class Objective:
                 mode=self.backend.mode, backend=self.backend.name,
                 gpus=self.backend.gpus_used(flags))
             if result.status != INFEASIBLE or result.reason is None:
-                result.status, result.reason, result.detail = INFEASIBLE, "failed", str(exc)
+                reason = "budget_spent" if isinstance(exc, BudgetSpent) else "failed"
+                result.status, result.reason, result.detail = INFEASIBLE, reason, str(exc)
             return ConfigOutcome(result, None, 0.0, False, why,
                                  self.backend.server_s - before)
         self.load_test_s += sum(r.load_test_s for r in probe.results)
@@ -593,7 +570,7 @@ def _append_experiment(settings: StudySettings, number: int, result: TrialResult
 @dataclass
 class StudyRun:
     study: optuna.Study
-    rows: list[TrialRow]
+    rows: list[StoredTrial]
     new_trials: int
     stale_failed: list[int]
     stopped_by: str  # "n_trials" | "timeout" | "budget" | "grid exhausted" | "nothing to do"
@@ -634,6 +611,8 @@ def run_study(
     remaining = None if settings.n_trials is None else max(settings.n_trials - finished, 0)
     stopped = {"by": "n_trials"}
     server0 = backend.server_s
+    if settings.budget_s is not None:
+        objective.deadline_s = server0 + settings.budget_s
 
     def budget_cb(study: optuna.Study, frozen: FrozenTrial) -> None:
         if on_trial_end is not None:
@@ -655,7 +634,7 @@ def run_study(
     if (settings.sampler == "grid" and remaining and new < remaining
             and stopped["by"] == "n_trials"):
         stopped["by"] = "grid exhausted"
-    return StudyRun(study=study, rows=rows_from_study(study, settings.space), new_trials=new,
+    return StudyRun(study=study, rows=rows_from_study(study), new_trials=new,
                     stale_failed=stale, stopped_by=stopped["by"], wall_s=time.monotonic() - t0,
                     server_s=backend.server_s - server0, load_test_s=objective.load_test_s,
                     saved_s=objective.saved_s)
@@ -675,7 +654,7 @@ def rate_bounds(space: SearchSpace) -> tuple[float, float] | None:
     return float(p.low), float(p.high)
 
 
-def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, *, top_k: int = 3
+def prescreen_enqueue(rows: Sequence[StoredTrial], space: SearchSpace, *, top_k: int = 3
                       ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """The pre-screen's top-K configs, each with its predicted ceiling (the simulated
     trial's own rate search) as where the real trial's search starts."""
@@ -688,17 +667,14 @@ def prescreen_enqueue(rows: Sequence[TrialRow], space: SearchSpace, *, top_k: in
         if key in seen:
             continue
         seen.add(key)
-        res = row.attrs.get("result") or {}
-        ev = res.get("evidence") or {}
-        summ = res.get("summary") or {}
         predicted = {
             "source": "simulated (virtual time)",
             "prescreen_trial": row.number,
             "ceiling_rate": row.rate,
-            "goodput_tokens": ev.get("goodput_tokens"),
-            "goodput_requests": ev.get("goodput_requests"),
-            "p99_e2e_s": (summ.get("e2e") or {}).get("p99"),
-            "output_throughput": summ.get("output_throughput"),
+            "goodput_tokens": row.goodput_tokens,
+            "goodput_requests": row.goodput_requests,
+            "p99_e2e_s": row.stat("e2e", "p99"),
+            "output_throughput": row.measured("output_throughput"),
         }
         out.append((params, {"predicted": predicted}))
         if len(out) >= top_k:
@@ -724,10 +700,10 @@ class RefinedCeiling:
                 **self.result.to_dict()}
 
 
-def top_configs(rows: Sequence[TrialRow], *, top_k: int) -> list[TrialRow]:
+def top_configs(rows: Sequence[StoredTrial], *, top_k: int) -> list[StoredTrial]:
     """The best feasible trial of each of the ``top_k`` best distinct server configs."""
     seen: set[str] = set()
-    picks: list[TrialRow] = []
+    picks: list[StoredTrial] = []
     for row in sorted((r for r in rows if r.feasible and r.value is not None),
                       key=lambda r: (-(r.value or 0.0), r.number)):
         key = repr(sorted((k, v) for k, v in row.flags.items() if k not in CLIENT_PARAMS))
@@ -741,7 +717,7 @@ def top_configs(rows: Sequence[TrialRow], *, top_k: int) -> list[TrialRow]:
 
 
 def refine_ceilings(
-    rows: Sequence[TrialRow],
+    rows: Sequence[StoredTrial],
     backend: Backend,
     plan: LoadPlan,
     *,

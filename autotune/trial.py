@@ -57,6 +57,10 @@ class LoadPlan:
     # Steady-state sizing and stop rule (autotune.verdict); None: a fixed-count test of
     # ``requests`` judged on its SLO check alone (kept for what-if sweeps and old tests).
     steady: SteadyState | None = None
+    # When the server-time budget (``--budget``) ends, on the backend's ``server_s``
+    # clock: a test sized by time that is running then stops there, with whatever
+    # verdict its evidence supports.
+    deadline_s: float | None = None
 
     def measured_for(self, rate: float) -> list[Request]:
         """The measured requests a test at ``rate`` plans: the pool itself, or, when the
@@ -73,6 +77,14 @@ class LoadPlan:
         off = arrival_offsets(self.warmup + n, rate, process=self.process,  # type: ignore[arg-type]
                               burstiness=self.burstiness, seed=self.seed)
         return float(off[-1] - off[self.warmup]) if len(off) else 0.0
+
+    def warmup_span_s(self, rate: float) -> float:
+        """When the first measured request is scheduled (from the first warm-up one)."""
+        if not self.warmup or not (rate > 0 and math.isfinite(rate)):
+            return 0.0
+        off = arrival_offsets(self.warmup + 1, rate, process=self.process,  # type: ignore[arg-type]
+                              burstiness=self.burstiness, seed=self.seed)
+        return float(off[self.warmup] - off[0])
 
     def mean_output_tokens(self) -> float:
         """Mean requested output tokens of the measured pool (goodput tok/s per req/s)."""
@@ -161,6 +173,8 @@ class TrialResult:
     records: list[RequestRecord] = field(default_factory=list, repr=False)
     # The steady-state verdict (plans sized by time); None for a fixed-count test.
     evidence: Evidence | None = None
+    # The budget ran out during the test, which stopped there (``LoadPlan.deadline_s``).
+    budget_cut: bool = False
 
     @property
     def check(self) -> SLOCheck | None:
@@ -222,6 +236,7 @@ class TrialResult:
             "windows": [[w.t_s, w.in_flight, w.finished] for w in self.windows],
             "verdict": self.verdict,
             "evidence": None if self.evidence is None else self.evidence.to_dict(),
+            "budget_cut": self.budget_cut,
         })
 
 
@@ -284,13 +299,18 @@ class _SteadyFeed:
     ``check_every_s`` and stop once the verdict is certain (pass after the minimum
     duration, fail at any time) or the cap's duration is reached."""
 
-    def __init__(self, plan: LoadPlan, rate: float, planned: int) -> None:
+    def __init__(self, plan: LoadPlan, rate: float, planned: int,
+                 cut_s: float | None = None) -> None:
         assert plan.steady is not None
         self.plan = plan
         self.rule = plan.steady
         self.rate = rate
         self.planned = planned
         self.max_s = self.rule.max_s(plan.slo, rate)
+        # The budget's end, in seconds from the first measured arrival; ``cut`` once
+        # the test stopped there.
+        self.cut_s = cut_s
+        self.cut = False
         self.t0: float | None = None
         self.next_check = 0.0
         self.evidence: Evidence | None = None
@@ -305,9 +325,10 @@ class _SteadyFeed:
         if self.t0 is None:
             self.t0 = min(r.scheduled_s for r in measured)
         elapsed = now - self.t0
+        over = self.cut_s is not None and elapsed >= self.cut_s
         self.windows.append(window_evidence(now, measured, self.plan.slo,
                                             planned=self.planned, t0=self.t0))
-        if elapsed < self.next_check and elapsed < self.max_s:
+        if elapsed < self.next_check and elapsed < self.max_s and not over:
             return False
         # Every few seconds early on, then every tenth of the time run so far: a long
         # test is judged a few dozen times, not once per window.
@@ -317,7 +338,8 @@ class _SteadyFeed:
         self.evidence = ev
         if self.on_evidence is not None:
             self.on_evidence(ev)
-        if ev.verdict != INCONCLUSIVE or ev.at_s >= self.max_s:
+        if ev.verdict != INCONCLUSIVE or ev.at_s >= self.max_s or over:
+            self.cut = over and ev.verdict == INCONCLUSIVE and ev.at_s < self.max_s
             self.stopped_at = now
             return True
         return False
@@ -387,7 +409,14 @@ def evaluate(
     steady: _SteadyFeed | None = None
     feed: _Feed | _SteadyFeed
     if plan.steady is not None:
-        steady = feed = _SteadyFeed(plan, rate, len(plan.measured_for(rate)))
+        cut_s = None
+        if plan.deadline_s is not None:
+            # After the server start: what is left of the budget for this test, less
+            # its warm-up (the stop rule's clock starts at the first measured arrival)
+            # and one window (the rule looks once a window): it stops inside the budget.
+            cut_s = max(plan.deadline_s - backend.server_s - plan.warmup_span_s(rate)
+                        - plan.window_s, 0.0)
+        steady = feed = _SteadyFeed(plan, rate, len(plan.measured_for(rate)), cut_s)
         steady.on_evidence = on_evidence
     else:
         feed = _Feed(plan, pruner, trial, report_every=10 if backend.mode == "virtual" else 1)
@@ -420,9 +449,13 @@ def evaluate(
     if steady is not None:
         result.status = COMPLETE
         ev = result.evidence
+        result.budget_cut = steady.cut
         if ev is not None and ev.verdict != PASS:
             result.reason = "slo_missed" if ev.verdict == FAIL else INCONCLUSIVE
             result.detail = "; ".join(ev.reasons)
+        if result.budget_cut:
+            result.detail = "; ".join(filter(None, [
+                result.detail, f"cut after {steady.cut_s:.0f} s: the --budget ran out"]))
         return result
     if decision is not None and run.aborted:
         result.status, result.prune = PRUNED, decision

@@ -189,7 +189,7 @@ class Sizes:
     smoke: bool = False
 
 
-SMOKE = Sizes(seeds=(0, 1), n_trials=3, prescreen_trials=2, joint_trials=4, pool=220,
+SMOKE = Sizes(seeds=(0,), n_trials=3, prescreen_trials=2, joint_trials=4, pool=220,
               warmup=20, min_requests=100, grid_inf_prompts=100, grid_step_prompts=20,
               truth_min_requests=300, truth_max_requests=600, truth_span_s=60.0,
               truth_tol=0.03, safety_requests=600, steady_min_s=20.0, smoke=True)

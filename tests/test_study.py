@@ -16,7 +16,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.recommend import recommend, view_from_row
+from autotune.recommend import recommend, view_of
+from autotune.record import StoredTrial
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
 from autotune.study import (
@@ -127,9 +128,7 @@ def test_sim_study_end_to_end(tmp_path: Path) -> None:
     # No config is searched twice: a repeated proposal reuses the earlier answer.
     keys = [repr(sorted(t.params.items())) for t in launched]
     assert len(keys) == len(set(keys))
-    views = [view_from_row(t.number, t.user_attrs, value=t.value, state=t.state.name,
-                           baseline=bool(t.user_attrs.get("baseline")), params=t.params)
-             for t in trials]
+    views = [view_of(StoredTrial.of(t)) for t in trials]
     rec = recommend(views, slo=str(SLO))
     best = next(t for t in trials if t.number == rec.best.trial)
     assert best.user_attrs["result"]["feasible"] is True
@@ -204,11 +203,32 @@ def test_resume_with_another_slo_is_refused(tmp_path: Path) -> None:
         run_study(other, SimBackend("4xa100-80gb", "llama-3-8b"), _plan(50))
 
 
-def test_budget_stops_the_study(tmp_path: Path) -> None:
-    s = _settings(tmp_path, n_trials=50, budget_s=60.0)  # 60 virtual seconds of server
-    run = run_study(s, SimBackend("4xa100-80gb", "llama-3-8b"), _plan(100))
+@pytest.mark.parametrize("budget", [150.0, 400.0])
+def test_budget_cuts_the_running_load_test_and_labels_the_partial_answer(
+        tmp_path: Path, budget: float) -> None:
+    """--budget ends the study within one window (1 s) of its end, even in the middle of
+    a trial's load test: that test is cut there, counts as what its evidence supports,
+    and the trial's answer says it is partial.  150 s ends the first trial's search
+    mid-way; 400 s ends inside the second trial's first test."""
+    s = _settings(tmp_path, n_trials=50, budget_s=budget)
+    backend = Recording()
+    run = run_study(s, backend, _plan())
     assert run.stopped_by == "budget"
-    assert run.new_trials < 50
+    assert budget - 61.0 < run.server_s <= budget + 1.0
+    trials = [StoredTrial.of(t) for t in run.study.get_trials()]
+    last = trials[-1]
+    assert last.ceiling["budget_spent"] is True
+    assert "the --budget ran out" in last.ceiling["answer"]
+    assert any("the --budget ran out during the load test" in n
+               for n in last.ceiling["notes"])
+    # Every earlier trial finished its search within the budget.
+    assert all(not t.ceiling.get("budget_spent") for t in trials[:-1])
+    if len(trials) > 1:
+        # A cut test is not evidence that the config is below the incumbent.
+        assert last.state == "COMPLETE" and last.reason != "below_incumbent"
+        assert last.result["budget_cut"] is True
+        assert "cut after" in last.result["detail"]
+        assert last.result["verdict"] == "inconclusive" and not last.feasible
 
 
 @pytest.mark.parametrize("name", ["random", "grid", "gp"])
@@ -306,7 +326,7 @@ def test_prescreen_enqueues_top_configs_at_their_predicted_ceiling(tmp_path: Pat
     sim = SimBackend("4xa100-80gb", "llama-3-8b")
     plan = _plan(100)
     run = run_study(s, sim, plan)
-    rows = rows_from_study(run.study, s.space)
+    rows = rows_from_study(run.study)
     picks = prescreen_enqueue(rows, s.space, top_k=2)
     assert 1 <= len(picks) <= 2
     configs = {repr(sorted(p.items())) for p, _ in picks}
@@ -342,7 +362,7 @@ def test_refine_ceilings_writes_what_the_report_reads(tmp_path: Path) -> None:
     backend.prepared.clear()
     restarts = backend.restarts
     seen: list[Any] = []
-    ceilings = refine_ceilings(rows_from_study(run.study, s.space), backend, plan, top_k=2,
+    ceilings = refine_ceilings(rows_from_study(run.study), backend, plan, top_k=2,
                                max_probes=4, out_dir=s.out_dir, on_ceiling=seen.append)
     assert [c.trial for c in ceilings] == [r.number for r in tops] == [c.trial for c in seen]
     for c, row in zip(ceilings, tops, strict=True):

@@ -32,6 +32,7 @@ from autotune.cli._common import (
     one_line_errors,
     write_json,
 )
+from autotune.record import StoredTrial
 
 DEFAULT_SIM = ("a100-80gb", "llama-3-8b", 1)
 CSV_COLUMNS = (
@@ -199,13 +200,7 @@ def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
     if not found:
         raise UsageError(f"study {o.study!r} has no trial {o.trial} "
                          f"(it has {len(st.trials)} trials)")
-    t = found[0]
-    res = t.user_attrs.get("result") or {}
-    flags = res.get("flags")
-    if flags is None:
-        flags = {k: v for k, v in t.params.items() if k not in ("request_rate",
-                                                               "max_concurrency")}
-    return dict(flags)
+    return StoredTrial.of(found[0]).flags
 
 
 def config_flags(o: SimpleNamespace) -> dict[str, Any]:

@@ -43,7 +43,8 @@ def search(
     timeout: Annotated[str | None, typer.Option(
         help="Stop starting trials after this wall time, e.g. 30m.")] = None,
     budget: Annotated[str | None, typer.Option(
-        help="Total server time, restarts included (virtual for sim), e.g. 2h.")] = None,
+        help="Total server time, restarts and the --validate run included (virtual for "
+             "sim), e.g. 2h; a load test running when it ends is cut there.")] = None,
     objective: Annotated[str, typer.Option(
         help="tokens (goodput output tok/s) or requests (goodput req/s).")] = "tokens",
     per_gpu: Annotated[bool, typer.Option(

@@ -2,10 +2,10 @@
 
 Everything here turns storage into plain rows (dicts with the
 ``autotune.experiments.COLUMNS`` keys plus a few of the report's own); the plots and
-the pages never touch Optuna.  The trial layout read is the one ``autotune.study``
-writes: ``user_attrs["result"]`` holds ``TrialResult.to_attrs()`` (status, feasible,
-backend, reason, flags, rate, gpus, summary, telemetry, windows, ...), and the study's
-``user_attrs`` hold the SLO, the objective and the GPU count.
+the pages never touch Optuna.  Trials are read through ``autotune.record.StoredTrial``,
+the one reader the recommendation uses too, so both show the same goodput (the
+steady-state one of the judged arrivals); the study's ``user_attrs`` hold the SLO, the
+objective and the GPU count.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.experiments import CONFIG_COLUMNS
+from autotune.flags import CLIENT_PARAMS
+from autotune.record import StoredTrial, goodput_of
 
-CLIENT_KEYS = ("request_rate", "max_concurrency")
 # Flags people recognise by short names in labels and legends.
 SHORT = {
     "tensor_parallel_size": "TP",
@@ -113,9 +114,8 @@ def _f(x: Any) -> float | None:
     return None if math.isnan(v) else v
 
 
-def _stat(summary: Mapping[str, Any], metric: str, key: str) -> float | None:
-    block = summary.get(metric)
-    return _f(block.get(key)) if isinstance(block, Mapping) else None
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def config_label(config: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:
@@ -136,81 +136,69 @@ def config_label(config: Mapping[str, Any], keys: Sequence[str] | None = None) -
 
 
 def config_key(config: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in CLIENT_KEYS},
+    return json.dumps({k: v for k, v in config.items() if k not in CLIENT_PARAMS},
                       sort_keys=True, default=str)
 
 
 def trial_row(trial: Any, study_name: str) -> dict[str, Any]:
-    """One Optuna FrozenTrial as a report row."""
-    attrs = dict(trial.user_attrs)
-    res = attrs.get("result") if isinstance(attrs.get("result"), Mapping) else {}
-    summary = res.get("summary") if isinstance(res.get("summary"), Mapping) else {}
-    params = dict(trial.params)
-    flags = dict(res.get("flags") or {k: v for k, v in params.items() if k not in CLIENT_KEYS})
-    config = dict(flags)
-    if params.get("max_concurrency") is not None:
-        config["max_concurrency"] = params["max_concurrency"]
-    state = trial.state.name
-    status = res.get("status") or attrs.get("status") or (
-        "pruned" if state == "PRUNED" else "failed" if state == "FAIL" else state.lower())
-    reason = res.get("reason") or attrs.get("reason")
-    check = summary.get("slo_check") if isinstance(summary.get("slo_check"), Mapping) else {}
-    meets = check.get("met") if check else None
-    feasible = bool(res.get("feasible", attrs.get("feasible", False))) and state == "COMPLETE"
-    telemetry = res.get("telemetry") if isinstance(res.get("telemetry"), Mapping) else {}
-    rate = _f(params.get("request_rate", res.get("rate", summary.get("offered_rate"))))
-    gpus = res.get("gpus") or int(flags.get("tensor_parallel_size", 1) or 1) * int(
-        flags.get("pipeline_parallel_size", 1) or 1)
-    source = summary.get("source") or (
-        "simulated (virtual time)" if res.get("mode") == "virtual" else None)
+    """One Optuna FrozenTrial as a report row (read through ``StoredTrial``, as the
+    recommendation reads it)."""
+    t = StoredTrial.of(trial)
+    res, summary = t.result, t.summary
+    config = t.flags
+    if t.params.get("max_concurrency") is not None:
+        config["max_concurrency"] = t.params["max_concurrency"]
+    status, reason = t.status, t.reason
+    check = _mapping(summary.get("slo_check"))
+    pruned = t.state == "PRUNED" or status == "pruned"
     when = trial.datetime_complete or trial.datetime_start
     row: dict[str, Any] = {
         "time": when.isoformat(timespec="seconds") if isinstance(when, datetime) else None,
         "study": study_name,
-        "trial": trial.number,
+        "trial": t.number,
         "config_json": config,
-        "rate": rate,
-        "request_throughput": _f(summary.get("request_throughput")),
-        "output_throughput": _f(summary.get("output_throughput")),
-        "total_token_throughput": _f(summary.get("total_token_throughput")),
-        "ttft_p50_s": _stat(summary, "ttft", "p50"),
-        "ttft_p99_s": _stat(summary, "ttft", "p99"),
-        "tpot_p50_s": _stat(summary, "tpot", "p50"),
-        "tpot_p99_s": _stat(summary, "tpot", "p99"),
-        "e2e_p50_s": _stat(summary, "e2e", "p50"),
-        "e2e_p99_s": _stat(summary, "e2e", "p99"),
-        "goodput_requests": _f(summary.get("goodput_requests")),
-        "goodput_tokens": _f(summary.get("goodput_tokens")),
-        "attainment": _f(summary.get("attainment")),
-        "meets_slo": meets,
+        "rate": t.rate,
+        "request_throughput": t.measured("request_throughput"),
+        "output_throughput": t.measured("output_throughput"),
+        "total_token_throughput": t.measured("total_token_throughput"),
+        "ttft_p50_s": t.stat("ttft", "p50"),
+        "ttft_p99_s": t.stat("ttft", "p99"),
+        "tpot_p50_s": t.stat("tpot", "p50"),
+        "tpot_p99_s": t.stat("tpot", "p99"),
+        "e2e_p50_s": t.stat("e2e", "p50"),
+        "e2e_p99_s": t.stat("e2e", "p99"),
+        "goodput_requests": t.goodput_requests,
+        "goodput_tokens": t.goodput_tokens,
+        "attainment": t.measured("attainment"),
+        "meets_slo": check.get("met") if check else None,
         "slo": summary.get("slo"),
-        "gpu_util_mean_pct": _f(telemetry.get("gpu_util_mean_pct")),
-        "gpu_util_max_pct": _f(telemetry.get("gpu_util_max_pct")),
-        "pruned": state == "PRUNED" or status == "pruned",
-        "pruned_reason": reason if (state == "PRUNED" or status == "pruned") else None,
-        "backend": res.get("backend") or attrs.get("backend"),
-        "source": source,
+        "gpu_util_mean_pct": t.gpu_util_pct,
+        "gpu_util_max_pct": _f(t.telemetry.get("gpu_util_max_pct")),
+        "pruned": pruned,
+        "pruned_reason": reason if pruned else None,
+        "backend": res.get("backend") or t.attrs.get("backend"),
+        "source": t.source,
         "num_measured": summary.get("num_measured"),
-        "duration_s": _f(summary.get("duration_s")),
+        "duration_s": t.measured("duration_s"),
         # The report's own columns.
-        "state": state,
+        "state": t.state,
         "status": status,
         "reason": reason,
         "detail": res.get("detail"),
-        "feasible": feasible,
-        "value": _f(trial.value) if state == "COMPLETE" and trial.values else None,
-        "baseline": bool(attrs.get("baseline")),
-        "gpus": int(gpus),
+        "feasible": t.feasible,
+        "value": t.objective_value,
+        "baseline": t.baseline,
+        "gpus": t.gpus,
         "config": config,
         "config_key": config_key(config),
         "margins": dict(check.get("margins") or {}) if check else {},
         "binding": check.get("binding") if check else None,
         "how": res.get("how"),
-        "telemetry": dict(telemetry),
+        "telemetry": dict(t.telemetry),
         "windows": list(res.get("windows") or []),
         "records_path": res.get("records_path"),
-        "launched": res.get("launched", state != "FAIL"),
-        "predicted": attrs.get("predicted"),
+        "launched": res.get("launched", t.state != "FAIL"),
+        "predicted": t.predicted,
     }
     for key in CONFIG_COLUMNS:
         if key in config:
@@ -223,7 +211,7 @@ def varying_keys(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     values: dict[str, set[str]] = {}
     for r in rows:
         for k, v in (r.get("config") or r.get("config_json") or {}).items():
-            if k not in CLIENT_KEYS:
+            if k not in CLIENT_PARAMS:
                 values.setdefault(k, set()).add(repr(v))
     keys = [k for k, vs in values.items() if len(vs) > 1]
     order = list(SHORT)
@@ -272,8 +260,8 @@ def ceiling_probe_rows(ceilings: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                 "binding": p.get("binding"),
                 "request_throughput": _f(p.get("request_throughput")),
                 "output_throughput": _f(p.get("output_throughput")),
-                "goodput_tokens": _f(summary.get("goodput_tokens")),
-                "e2e_p99_s": _stat(summary, "e2e", "p99"),
+                "goodput_tokens": goodput_of(p),
+                "e2e_p99_s": _f(_mapping(summary.get("e2e")).get("p99")),
                 "checks": checks,
                 "gpu_util": _f(p.get("gpu_util")),
                 "pruned": bool(p.get("pruned")),

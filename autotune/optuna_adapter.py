@@ -20,6 +20,7 @@ class (``RetryFailedTrialCallback`` / ``RetryHeartbeatStaleTrialCallback``).
 from __future__ import annotations
 
 import inspect
+import logging
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 __all__ = [
     "SUPPORTED", "BaseHeartbeat", "BaseStorage", "FrozenStudy", "HeartbeatRelay",
     "cached_rdb", "fail_running_trial", "fail_stale_heartbeats", "heartbeat_enabled",
-    "heartbeat_rdb", "retry_stale_callback", "set_trial_system_attr",
+    "heartbeat_rdb", "quiet_logging", "retry_stale_callback", "set_trial_system_attr",
     "stale_trial_callback", "stale_trial_ids", "storage_of", "study_id", "trial_id",
     "trial_now",
 ]
@@ -176,3 +177,27 @@ class HeartbeatRelay(BaseHeartbeat):
 
     def get_failed_trial_callback(self) -> StaleCallback | None:  # Optuna 4.x's name
         return stale_trial_callback(self._beats())
+
+
+class _QuietWhileExiting(logging.Filter):
+    """After Ctrl-C (or SIGTERM, SIGHUP) the command ends with one line that says how to
+    resume; Optuna's report of the trial the signal interrupted (a KeyboardInterrupt
+    traceback, then "Trial N failed with value None") would only repeat it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from autotune.servers.process import exiting
+
+        return not exiting()
+
+
+_QUIET = _QuietWhileExiting()
+
+
+def quiet_logging() -> None:
+    """Optuna's own log at WARNING (autotune prints a line per trial), and silent once a
+    stop signal is unwinding the process.  On Optuna's handlers, not its logger: a
+    logger's filters skip the records of its child loggers, where Optuna logs."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for handler in logging.getLogger("optuna").handlers:
+        if _QUIET not in handler.filters:
+            handler.addFilter(_QUIET)

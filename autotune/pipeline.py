@@ -365,13 +365,12 @@ class LiveView:
 def run_search(o: SearchOptions) -> int:
     """The whole pipeline: prescreen, study, refinement, validation, recommendation,
     report.  Returns the exit code (0, 1 when no config met the SLO, 130 on Ctrl-C)."""
-    import optuna
-
     from autotune import recommend as rec_mod
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    from autotune.optuna_adapter import quiet_logging
     from autotune.storage import mask_url, open_storage
     from autotune.study import rate_bounds, run_study
+
+    quiet_logging()
 
     plan = _validate(o)
     from autotune.trackers import make_trackers, optuna_callback

@@ -85,3 +85,41 @@ def test_kill_9_of_search_leaves_no_server_and_frees_the_port(tmp_path: Path) ->
         for pid in left:  # only if the test failed: never leave them to the next test
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_of_search_prints_one_line_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C in the middle of a load test: the server is stopped, nothing is left, and
+    the output after the signal is one line that says how to resume (no traceback from
+    asyncio or Optuna), with exit code 130 (128 + SIGINT)."""
+    server_cmd = (f"{shlex.quote(sys.executable)} -m autotune.sim.serve "
+                  "--profile 1xa100-80gb --startup-delay-s 0.2")
+    log = tmp_path / "search.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("wb") as out:
+        search = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "search", "--backend", "vllm",
+             "--vllm-cmd", server_cmd, "--model", "llama-3-8b", "--slo-p99", "10s",
+             "--n-trials", "1", "--studies-dir", str(tmp_path / "studies")],
+            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    left: list[int] = []
+    try:
+        _, port = _wait("server listening", lambda: _server(search.pid), 120,
+                        search, log)  # type: ignore[misc]
+        left = descendants(search.pid)
+        before = len(log.read_bytes())
+        search.send_signal(signal.SIGINT)
+        assert search.wait(60) == 130, log.read_text()[-3000:]
+        after = log.read_bytes()[before:].decode(errors="replace")
+        lines = [line for line in after.splitlines() if line.strip()]
+        assert "Traceback" not in after and "failed because of" not in after, after
+        assert lines[-1].startswith("interrupted:") and "resume" in lines[-1], after
+        assert not [p for p in left if pid_alive(p)]
+        assert port_bindable("127.0.0.1", port)
+    finally:
+        if search.poll() is None:
+            search.kill()
+            search.wait(10)
+        for pid in left:
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)

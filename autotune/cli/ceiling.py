@@ -188,9 +188,10 @@ def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UsageError(f"no study database {url[len('sqlite:///'):]}: check --study "
                          "or --storage")
+    from autotune.optuna_adapter import quiet_logging
     from autotune.storage import mask_url, open_storage
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    quiet_logging()
     try:
         st = optuna.load_study(study_name=o.study, storage=open_storage(
             url, heartbeat_interval=None, grace_period=None))

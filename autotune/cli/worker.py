@@ -84,13 +84,14 @@ def worker(
     poll_s: Annotated[float, typer.Option(hidden=True)] = 1.0,
 ) -> None:
     """Join STUDY in a shared storage and run trials until it holds --n-trials."""
-    import optuna
 
     from autotune.storage import scrub
     from autotune.worker import StudySpec, WorkerOptions, parse_gpus, run_worker, space_to_dict
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own line per trial says more
+    from autotune.optuna_adapter import quiet_logging
+
+    quiet_logging()
     with _scrubbed(storage), one_line_errors():
         spec = None
         if (space is None) != (slo is None):

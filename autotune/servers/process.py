@@ -396,6 +396,11 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
+def exiting() -> bool:
+    """A stop signal has arrived and the process is unwinding."""
+    return _EXITING
+
+
 def install_signal_handlers() -> bool:
     """Make SIGINT, SIGTERM and SIGHUP end this process through its ``finally``
     blocks and atexit, so that every server it started is stopped.  Without this,

@@ -959,7 +959,8 @@ class BackendProbe:
                  prune: bool = True, window_s: float = 1.0,
                  request_timeout_s: float = 600.0, drain: bool = True,
                  drain_timeout_s: float = 600.0, steady: Any = None,
-                 deadline_s: float | None = None) -> None:
+                 deadline_s: float | None = None,
+                 on_evidence: Callable[[float, Any], None] | None = None) -> None:
         if not pool:
             raise CeilingError("the workload is empty: no requests to probe with")
         self.backend = backend
@@ -982,6 +983,8 @@ class BackendProbe:
         # When the server-time budget ends, on the backend's ``server_s`` clock: no test
         # starts after it, and a test sized by time is cut there.
         self.deadline_s = deadline_s
+        # Sees (rate, Evidence) at each judgement of a running test (progress lines).
+        self.on_evidence = on_evidence
 
     def plan(self, n: int, repeat: int = 0, rate: float = math.inf) -> Any:
         from autotune.trial import LoadPlan
@@ -1014,8 +1017,10 @@ class BackendProbe:
                                   f"{_rate(rate)} req/s")
             plan = dataclasses.replace(plan, deadline_s=self.deadline_s)
         # The saturation probe sends everything at once: nothing to prune.
+        seen = self.on_evidence
         result = probe(self.backend, self.flags, rate, plan,
-                       prune=self.prune and math.isfinite(rate))
+                       prune=self.prune and math.isfinite(rate),
+                       on_evidence=None if seen is None else (lambda ev: seen(rate, ev)))
         self.results.append(result)
         if result.summary is None or result.reason == "crashed":
             raise CeilingError(

@@ -94,6 +94,29 @@ class SearchOptions:
         object.__setattr__(self, "studies_dir", Path(self.studies_dir))
 
 
+def time_estimate(*, n_trials: int, min_s: float, max_s: float, max_probes: int,
+                  validate_s: float | None, budget_s: float | None, virtual: bool) -> str:
+    """How long a study may take, before it starts: each trial is one server start and
+    its load tests; a config that cannot beat the best so far stops after one test, the
+    first ones (no incumbent) run a saturation probe and a whole rate search."""
+    def span(seconds: float) -> str:
+        return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+    low = (n_trials + 3) * min_s
+    high = n_trials * max_probes * max_s
+    text = (f"time: {n_trials} trials of 1 to {max_probes} (--max-probes) load tests of "
+            f"{min_s:g} to {max_s:g} s: about {span(low)} to {span(high)} of load tests, "
+            f"plus a server start per trial")
+    if validate_s:
+        text += f" and the {span(validate_s)} validation"
+    if budget_s is not None:
+        text += (f"; --budget stops it at {span(budget_s)}"
+                 + (" (validation included)" if validate_s else ""))
+        if budget_s < high + (validate_s or 0.0):
+            text += ", before the longest case"
+    return text + (" (virtual time: the simulator runs it in seconds)" if virtual else "")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", text.lower().replace(".", "p"))
 
@@ -286,6 +309,10 @@ def _attach_space(space: Any) -> Any:
 # ----------------------------------------------------------------------------- live view
 
 
+# A running real load test prints a progress line this often (seconds of arrivals).
+PROGRESS_EVERY_S = 30.0
+
+
 class LiveView:
     """A rich table of the trials so far (one line per trial when not a terminal)."""
 
@@ -296,6 +323,7 @@ class LiveView:
         self.live: Live | None = None
         self.how = ("simulated (virtual time)" if backend == "sim"
                     else "measured (HTTP)")
+        self.shown: dict[tuple[int, float], float] = {}  # progress line last printed at
 
     def __enter__(self) -> LiveView:
         if self.out.is_terminal:
@@ -327,6 +355,23 @@ class LiveView:
                                      f"requests judged: {ev.reasons[0][:100]}")
         self.out.print(f"  trial {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
                        f" {p.verdict}{how}", soft_wrap=True, highlight=False, markup=False)
+
+    def progress(self, number: int, rate: float, ev: Any) -> None:
+        """A running load test, every ``PROGRESS_EVERY_S`` of its arrivals: a plain line
+        (what it sent and judged, the served share, each limit so far, the verdict so
+        far), so a log shows a real test of minutes moving."""
+        if self.how.startswith("simulated") or math.isinf(rate):
+            return
+        key = (number, rate)
+        if ev.at_s < self.shown.get(key, 0.0) + PROGRESS_EVERY_S:
+            return
+        self.shown[key] = ev.at_s
+        limits = ", ".join(f"{lim.label} {lim.observed_s:.3g} s" for lim in ev.limits)
+        served = (f"{100 * ev.served_share:.0f}% of arrivals served"
+                  if math.isfinite(ev.served_share) else "none served yet")
+        self.out.print(f"  trial {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
+                       f"{ev.cohort} requests judged, {served}, {limits} so far: "
+                       f"{ev.verdict} so far", soft_wrap=True, highlight=False, markup=False)
 
     def add(self, number: int, result: Any, violations: list[Any]) -> None:
         from autotune.recommend import flags_line
@@ -402,6 +447,12 @@ def run_search(o: SearchOptions) -> int:
               f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
               f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
               "its steady-state verdict is certain", soft_wrap=True)
+    out.print(time_estimate(
+        n_trials=plan.settings.n_trials or 0, min_s=rule.min_s(plan.slo),
+        max_s=rule.max_s(plan.slo), max_probes=plan.settings.max_probes,
+        validate_s=plan.validate_s, budget_s=None if plan.settings.budget_s is None
+        else plan.settings.budget_s + (plan.validate_s or 0.0),
+        virtual=plan.backend == "sim"), soft_wrap=True)
     enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
     if o.prescreen:
         enqueue = _prescreen(o, plan, load_plan, storage, out)
@@ -410,7 +461,7 @@ def run_search(o: SearchOptions) -> int:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
-                            on_probe=view.probe)
+                            on_probe=view.probe, on_progress=view.progress)
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(

@@ -318,6 +318,8 @@ class Objective:
         # When ``settings.budget_s`` ends on the backend's server_s clock (run_study
         # sets it): no load test starts after it, and one running then is cut there.
         self.deadline_s: float | None = None
+        # (trial, rate, Evidence) at each judgement of a running load test.
+        self.on_progress: Callable[[int, float, Any], None] | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
         set_trial_system_attr(trial, "autotune:pid", os.getpid())
@@ -383,6 +385,9 @@ class Objective:
                              seed=plan.seed, window_s=plan.window_s,
                              request_timeout_s=plan.request_timeout_s, steady=plan.steady,
                              deadline_s=self.deadline_s)
+        progress = self.on_progress
+        if progress is not None:
+            probe.on_evidence = lambda rate, ev: progress(trial.number, rate, ev)
         low, high = self.rates or (None, None)
         if floor is not None:
             low = max(low or floor, floor)
@@ -590,12 +595,14 @@ def run_study(
     on_result: Callable[[int, TrialResult | None, list[Violation]], None] | None = None,
     on_trial_end: Callable[[optuna.Study, FrozenTrial], None] | None = None,
     on_probe: Callable[[int, Any], None] | None = None,
+    on_progress: Callable[[int, float, Any], None] | None = None,
 ) -> StudyRun:
     """Create or resume the study and run trials until n_trials/timeout/budget."""
     validate_name(settings.name)
     storage = storage or open_storage(storage_url(settings.name, settings.storage,
                                                   settings.studies_dir))
     objective = Objective(settings, backend, plan, None, on_result, on_probe)
+    objective.on_progress = on_progress
     study = open_study(settings, storage, None, space=objective.space)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     stale = fail_stale_trials(study)

@@ -516,12 +516,14 @@ def probe(
     plan: LoadPlan,
     *,
     prune: bool = True,
+    on_evidence: Callable[[Evidence], None] | None = None,
 ) -> TrialResult:
     """One load test outside any study (for the ceiling search): the same runner,
     with the overload pruner on its own so an overloaded rate stops early."""
     pruner = OverloadPruner(plan.slo) if prune else None
     trial = _LoneTrial(pruner) if pruner is not None else None
-    return evaluate(backend, flags, rate, plan, pruner=pruner, trial=trial)
+    return evaluate(backend, flags, rate, plan, pruner=pruner, trial=trial,
+                    on_evidence=on_evidence)
 
 
 class _LoneTrial:

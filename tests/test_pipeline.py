@@ -47,11 +47,14 @@ def test_the_cli_only_parses_and_calls_the_library_once(
     assert not (tmp_path / "studies").exists()  # nothing of its own was written
 
 
-def test_run_search_as_a_library_writes_the_recommendation(tmp_path: Path) -> None:
+def test_run_search_as_a_library_writes_the_recommendation(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_search(SearchOptions(slo_p99="10s", space="llama3-8b-4xa100", num_prompts=300,
                                     warmup=20, n_trials=3, study_name="lib",
                                     studies_dir=tmp_path / "studies", validate="off"))
     assert code == 0
+    # Before it starts, the search says how long it may take (plain text: no terminal).
+    assert "time: 3 trials of 1 to 8 (--max-probes) load tests" in capsys.readouterr().out
     rec = json.loads((tmp_path / "studies" / "lib" / "recommendation.json").read_text())
     assert rec["best"]["max_feasible_rate"] > 0 and rec["validation"] is None
 
@@ -61,6 +64,10 @@ def test_bad_options_raise_one_error_before_anything_is_written(tmp_path: Path) 
 
     with pytest.raises(AutotuneError, match="--max-probes"):
         run_search(SearchOptions(slo_p99="10s", max_probes=0,
+                                 studies_dir=tmp_path / "studies"))
+    # The budget covers the validation run: one shorter than it leaves no search.
+    with pytest.raises(AutotuneError, match="leaves no server time for the search"):
+        run_search(SearchOptions(slo_p99="10s", budget="4m", validate="5m",
                                  studies_dir=tmp_path / "studies"))
     assert not (tmp_path / "studies").exists()
 
@@ -92,3 +99,48 @@ def test_printed_command_is_the_launched_argv(tmp_path: Path) -> None:
     plain = deploy_command({"model": "m", **config}, None)
     assert shlex.split(plain) == serve_argv({"model": "m", **config})
     assert command_line(["a b", "c"], {"K": "1"}) == "K=1 'a b' c"
+
+
+def test_time_estimate_names_the_range_and_the_budget() -> None:
+    from autotune.pipeline import time_estimate
+
+    text = time_estimate(n_trials=8, min_s=120, max_s=360, max_probes=4, validate_s=300,
+                         budget_s=1500, virtual=False)
+    # (8 + 3) x 120 s = 22 min if most configs stop after one test; 8 x 4 x 360 s = 3.2 h.
+    assert "about 22 min to 3.2 h of load tests" in text
+    assert "--budget stops it at 25 min (validation included), before the longest case" in text
+    roomy = time_estimate(n_trials=2, min_s=60, max_s=180, max_probes=2, validate_s=None,
+                          budget_s=7200, virtual=True)
+    assert "before the longest case" not in roomy and "virtual time" in roomy
+
+
+def test_a_running_real_load_test_prints_a_plain_progress_line_every_30_s() -> None:
+    """Into a log file (no terminal): one line per 30 s of arrivals while a real test
+    runs, with what it judged so far; none for the simulator's virtual time."""
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from autotune.pipeline import LiveView
+    from autotune.slo import parse_slo
+
+    def ev(at_s: float) -> Any:
+        lim = SimpleNamespace(label="p99:e2e", observed_s=4.2)
+        return SimpleNamespace(at_s=at_s, cohort=int(at_s * 2), served_share=0.99,
+                               limits=[lim], verdict="inconclusive")
+
+    log = io.StringIO()
+    view = LiveView(Console(file=log, force_terminal=False), parse_slo("10s"), "vllm")
+    with view:
+        for t in (5.0, 29.0, 31.0, 45.0, 62.0, 70.0):
+            view.progress(0, 2.0, ev(t))
+    lines = log.getvalue().splitlines()
+    assert [line.split(": ")[1].split(",")[0] for line in lines] == [
+        "31 s of arrivals", "62 s of arrivals"]
+    assert lines[0] == ("  trial 0 at 2 req/s: 31 s of arrivals, 62 requests judged, 99% of "
+                        "arrivals served, p99:e2e 4.2 s so far: inconclusive so far")
+    sim = io.StringIO()
+    LiveView(Console(file=sim, force_terminal=False), parse_slo("10s"), "sim").progress(
+        0, 2.0, ev(100.0))
+    assert sim.getvalue() == ""

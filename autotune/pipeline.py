@@ -666,7 +666,9 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
                   " (simulated) vs measured above", soft_wrap=True)
     ratio = rec.vs_baseline.get("objective_ratio")
     base = rec.baseline
-    if base is not None:
+    if base is not None and rec.vs_baseline.get("same_config"):
+        out.print(f"  vs vLLM defaults: {rec.vs_baseline['note']}", soft_wrap=True)
+    elif base is not None:
         verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
                    else rec.vs_baseline.get("note", ""))
         out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "

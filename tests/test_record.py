@@ -66,3 +66,18 @@ def test_a_repeated_config_shows_its_twins_probes() -> None:
                          attrs={"result": {**STEADY, "repeat_of": twin.number}})
     assert repeat.probes([twin, repeat]) == probes
     assert repeat.probes() == []
+
+
+def test_when_the_defaults_are_best_the_recommendation_says_so() -> None:
+    from autotune.recommend import recommend
+
+    worse = {**STEADY, "flags": {"max_num_seqs": 128, "tensor_parallel_size": 2},
+             "evidence": {"goodput_tokens": 500.0, "goodput_requests": 2.5}}
+    base = StoredTrial(number=0, state="COMPLETE", value=900.0,
+                       attrs={"result": STEADY, "baseline": True})
+    other = StoredTrial(number=1, state="COMPLETE", value=500.0, attrs={"result": worse})
+    rec = recommend([view_of(base), view_of(other)], slo="p99:e2e<=10s")
+    assert rec.best.trial == 0
+    # Not "1.00x the defaults": the recommendation is the defaults, at their own ceiling.
+    assert rec.vs_baseline["same_config"] is True
+    assert "defaults were already the best config" in rec.vs_baseline["note"]

@@ -620,11 +620,15 @@ def run_study(
     server0 = backend.server_s
     if settings.budget_s is not None:
         objective.deadline_s = server0 + settings.budget_s
+    min_test_s = objective.plan.steady.min_s(plan.slo) if objective.plan.steady else 0.0
 
     def budget_cb(study: optuna.Study, frozen: FrozenTrial) -> None:
         if on_trial_end is not None:
             on_trial_end(study, frozen)
-        if settings.budget_s is not None and backend.server_s - server0 >= settings.budget_s:
+        # A trial started with less budget than one test's minimum could not pass a
+        # test: it would only spend a server start.
+        if (settings.budget_s is not None and backend.server_s - server0
+                >= settings.budget_s - min_test_s):
             stopped["by"] = "budget"
             study.stop()
 

@@ -177,6 +177,57 @@ def test_search_vllm_backend_with_the_simulator_as_vllm(tmp_path: Path) -> None:
     assert all(r["summary"]["source"].startswith("measured") for r in results if r["summary"])
     logs = list((tmp_path / "studies" / "real" / "logs").glob("*"))
     assert logs
+    # Deploying is running the printed command: the server comes up with the tested flags.
+    _start_recommended(rec["best"]["command"], best["flags"]["max_num_seqs"], tmp_path)
+
+
+def test_budget_ends_a_real_time_study_inside_it_and_leaves_nothing(tmp_path: Path) -> None:
+    """--budget 25s with a 5 s validation: 20 s of server time for the search, real
+    processes and real time.  The running load test is cut at the end of that share,
+    the trial says it is partial, and no server is left behind."""
+    cmd = f"{sys.executable} -m autotune.sim.serve --profile 1xa100-80gb --startup-delay-s 0.2"
+    # A pass needs 10 s of arrivals: the first trial's second test is cut by the budget.
+    args = [{"3s": "10s", "8s": "60s"}.get(a, a) for a in REAL_TIME]
+    code, out, err = search(tmp_path, *args, "--backend", "vllm", "--model", "llama-3-8b",
+                            "--vllm-cmd", cmd, "--num-prompts", "30", "--warmup", "5",
+                            "--n-trials", "5", "--max-model-len", "512", "--budget", "25s",
+                            "--study-name", "budget")
+    assert code in (0, 1), err + out
+    assert "stopped by budget" in out + err
+    study = optuna.load_study(study_name="budget",
+                              storage=f"sqlite:///{tmp_path / 'studies' / 'budget.db'}")
+    last = study.trials[-1].user_attrs["result"]
+    assert last["ceiling"]["budget_spent"] is True, last.get("detail")
+    assert "the --budget ran out" in last["ceiling"]["answer"]
+    spent = sum(t.user_attrs["result"].get("server_s") or 0.0 for t in study.trials)
+    assert spent <= 20.0 + 1.0  # within one window of the search's share
+    assert live() == []
+
+
+def _start_recommended(command: str, max_num_seqs: int, tmp_path: Path) -> None:
+    import subprocess
+    import time
+    import urllib.request
+
+    argv = shlex.split(command)
+    port = int(argv[argv.index("--port") + 1])
+    log = tmp_path / "deployed.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.2)  # polling a port: there is no event to wait on
+        assert f"max_num_seqs={max_num_seqs}," in log.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 SMALL = ("--slo-p99", "10s", "--space", "llama3-8b-4xa100", "--num-prompts", "60",

@@ -33,7 +33,7 @@ def test_case_study_space_matches_seed() -> None:
     seqs = space.params["max_num_seqs"].grid()
     assert 128 in seqs and 192 in seqs
     rate = space.params["request_rate"]
-    assert rate.low == 5 and rate.high == 50
+    assert rate.low == 5 and rate.high == 128
     assert space.profile == {"hardware": "a100-80gb", "model": "llama-3-8b", "gpus": 4}
 
 
@@ -71,7 +71,7 @@ def test_suggest_through_optuna_respects_types() -> None:
         assert p["tensor_parallel_size"] in (1, 2, 4)
         assert p["max_num_seqs"] % 64 == 0 and 64 <= p["max_num_seqs"] <= 512
         assert isinstance(p["enable_chunked_prefill"], bool)
-        assert 5.0 <= p["request_rate"] <= 50.0
+        assert 5.0 <= p["request_rate"] <= 128.0
         study.tell(trial, 0.0)
 
 

@@ -527,7 +527,7 @@ def _study(sc: Scenario, method: str, seed: int) -> dict[str, Any]:
                                         n_trials=w.sizes.prescreen_trials)
             cpu0 = time.process_time()
             pre_run = run_study(pre_s, sim, plan, storage=storage)
-            picks = prescreen_enqueue(rows_from_study(pre_run.study, space), space, top_k=3)
+            picks = prescreen_enqueue(rows_from_study(pre_run.study), space, top_k=3)
             pre = {"cpu_s": time.process_time() - cpu0, "virtual_s_not_charged": sim.server_s,
                    "picks": [{"config": key_str(ckey(p, space)),
                               "predicted_ceiling": (a.get("predicted") or {}).get(

@@ -21,11 +21,12 @@ from typing import Any
 from autotune.flags import CLIENT_PARAMS
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def as_mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """A stored figure as a float; None for missing, non-numeric, boolean or NaN."""
     if value is None or isinstance(value, bool):
         return None
     try:
@@ -40,10 +41,10 @@ def goodput_of(test: Mapping[str, Any], key: str = "goodput_tokens") -> float | 
     result or a ceiling probe).  A test sized by time: goodput over its judged arrivals
     (the figure a trial's value is), not the whole window's, which the drain biases
     low."""
-    evidence = _mapping(test.get("evidence"))
+    evidence = as_mapping(test.get("evidence"))
     if evidence:
-        return _number(evidence.get(key))
-    return _number(_mapping(test.get("summary")).get(key))
+        return as_number(evidence.get(key))
+    return as_number(as_mapping(test.get("summary")).get(key))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,29 +62,29 @@ class StoredTrial:
         """From an Optuna ``FrozenTrial`` (or anything with its fields)."""
         values = getattr(trial, "values", None)
         return cls(number=int(trial.number), state=trial.state.name,
-                   value=_number(trial.value) if values else None,
+                   value=as_number(trial.value) if values else None,
                    params=dict(trial.params), attrs=dict(trial.user_attrs))
 
     # -- the blocks ---------------------------------------------------------------------
     @property
     def result(self) -> Mapping[str, Any]:
-        return _mapping(self.attrs.get("result"))
+        return as_mapping(self.attrs.get("result"))
 
     @property
     def summary(self) -> Mapping[str, Any]:
-        return _mapping(self.result.get("summary"))
+        return as_mapping(self.result.get("summary"))
 
     @property
     def evidence(self) -> Mapping[str, Any]:
-        return _mapping(self.result.get("evidence"))
+        return as_mapping(self.result.get("evidence"))
 
     @property
     def telemetry(self) -> Mapping[str, Any]:
-        return _mapping(self.result.get("telemetry"))
+        return as_mapping(self.result.get("telemetry"))
 
     @property
     def ceiling(self) -> Mapping[str, Any]:
-        return _mapping(self.result.get("ceiling"))
+        return as_mapping(self.result.get("ceiling"))
 
     # -- what everyone asks -------------------------------------------------------------
     @property
@@ -96,7 +97,7 @@ class StoredTrial:
 
     @property
     def rate(self) -> float | None:
-        return _number(self.result.get("rate", self.params.get(
+        return as_number(self.result.get("rate", self.params.get(
             "request_rate", self.summary.get("offered_rate"))))
 
     @property
@@ -134,15 +135,15 @@ class StoredTrial:
 
     def measured(self, key: str) -> float | None:
         """A scalar of the trial's load-test summary (``output_throughput``, ...)."""
-        return _number(self.summary.get(key))
+        return as_number(self.summary.get(key))
 
     def stat(self, metric: str, key: str) -> float | None:
         """``stat("e2e", "p99")``: a latency statistic of the trial's load test."""
-        return _number(_mapping(self.summary.get(metric)).get(key))
+        return as_number(as_mapping(self.summary.get(metric)).get(key))
 
     @property
     def gpu_util_pct(self) -> float | None:
-        return _number(self.telemetry.get("gpu_util_mean_pct"))
+        return as_number(self.telemetry.get("gpu_util_mean_pct"))
 
     @property
     def gpus(self) -> int:

@@ -140,9 +140,12 @@ SCENARIOS = [
              {"model": "meta-llama/Meta-Llama-3-70B-Instruct", "max_model_len": 8192},
              {"tensor_parallel_size": 4, "max_num_seqs": 256, "max_num_batched_tokens": 8192},
              (0.5, 64.0)),
+    # P99 E2E <= 20 s sat on this GPU's floor (ShareGPT's longest replies at its
+    # per-token time): every config's truth ceiling was 0.23 req/s, under the range, and
+    # memory never mattered.  30 s leaves room for load, where memory decides.
     Scenario("l40s-8b-memory", "one L40S (PCIe) short of memory: Llama-3-8B, ShareGPT, "
-             "gpu_memory_utilization 0.5-0.9, P99 E2E <= 20 s", "1xl40s", "llama-3-8b",
-             "20s", "sharegpt",
+             "gpu_memory_utilization 0.5-0.9, P99 E2E <= 30 s", "1xl40s", "llama-3-8b",
+             "30s", "sharegpt",
              {"gpu_memory_utilization": [0.5, 0.6, 0.75, 0.9],
               "max_num_seqs": [64, 128, 256, 512], "max_num_batched_tokens": [2048]},
              {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "max_model_len": 8192},

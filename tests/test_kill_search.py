@@ -52,7 +52,9 @@ def _server(search_pid: int) -> tuple[int, int] | None:
     return None
 
 
-def test_kill_9_of_search_leaves_no_server_and_frees_the_port(tmp_path: Path) -> None:
+def _start_search(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """`autotune search` with the simulator's server launched as vLLM, in a session of
+    its own, its output in ``search.log``."""
     server_cmd = (f"{shlex.quote(sys.executable)} -m autotune.sim.serve "
                   "--profile 1xa100-80gb --startup-delay-s 0.2")
     log = tmp_path / "search.log"
@@ -64,6 +66,11 @@ def test_kill_9_of_search_leaves_no_server_and_frees_the_port(tmp_path: Path) ->
              "--n-trials", "1", "--studies-dir", str(tmp_path / "studies")],
             cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
+    return search, log
+
+
+def test_kill_9_of_search_leaves_no_server_and_frees_the_port(tmp_path: Path) -> None:
+    search, log = _start_search(tmp_path)
     left: list[int] = []
     try:
         server_pid, port = _wait("server listening", lambda: _server(search.pid), 120,
@@ -91,17 +98,7 @@ def test_ctrl_c_of_search_prints_one_line_and_exits_130(tmp_path: Path) -> None:
     """Ctrl-C in the middle of a load test: the server is stopped, nothing is left, and
     the output after the signal is one line that says how to resume (no traceback from
     asyncio or Optuna), with exit code 130 (128 + SIGINT)."""
-    server_cmd = (f"{shlex.quote(sys.executable)} -m autotune.sim.serve "
-                  "--profile 1xa100-80gb --startup-delay-s 0.2")
-    log = tmp_path / "search.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    with log.open("wb") as out:
-        search = subprocess.Popen(
-            [sys.executable, "-m", "autotune", "search", "--backend", "vllm",
-             "--vllm-cmd", server_cmd, "--model", "llama-3-8b", "--slo-p99", "10s",
-             "--n-trials", "1", "--studies-dir", str(tmp_path / "studies")],
-            cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
+    search, log = _start_search(tmp_path)
     left: list[int] = []
     try:
         _, port = _wait("server listening", lambda: _server(search.pid), 120,

@@ -11,7 +11,6 @@ objective and the GPU count.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,7 +20,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.experiments import CONFIG_COLUMNS
 from autotune.flags import CLIENT_PARAMS
-from autotune.record import StoredTrial, goodput_of
+from autotune.record import StoredTrial, as_mapping, as_number, goodput_of
 
 # Flags people recognise by short names in labels and legends.
 SHORT = {
@@ -104,18 +103,8 @@ def load_study(name: str, storage: str) -> Any:
 # ----------------------------------------------------------------------------- rows
 
 
-def _f(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(v) else v
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+_f = as_number
+_mapping = as_mapping
 
 
 def config_label(config: Mapping[str, Any], keys: Sequence[str] | None = None) -> str:

@@ -52,11 +52,11 @@ BENCHMARKS = [
     Bench("ceiling_probes", "3. Ceiling probes vs 1 req/s step-down", "ceiling_probes.py",
           "output"),
     Bench("sim_speed", "6. Simulator speed", "sim_speed.py", "stdout"),
-    # One seed per scenario: each (scenario, seed) costs about 14 minutes of both cores
-    # of this 2-core machine, and each new scenario's truth 5 more (then cached); ten
-    # seeds would take ten hours.  `--seeds N` on the script runs more.
+    # Two seeds per scenario: one seed of all four scenarios took 14 minutes of both
+    # cores of this 2-core machine once the truth was cached (the truth: about 5 more
+    # per scenario, once); ten seeds would take over two hours.  `--seeds N` runs more.
     Bench("search_scenarios", "1-2. Search methods on a scenario suite, one truth",
-          "search_scenarios.py", "output", full_args=("--seeds", "1")),
+          "search_scenarios.py", "output", full_args=("--seeds", "2")),
     # One engine thread: the load generator needs the other core (the fit is better so);
     # the full run re-calibrates the shipped cpu-tiny profile it validates.
     Bench("sim_fidelity", "6. Simulator fidelity against real vLLM on this CPU",

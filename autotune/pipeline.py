@@ -358,8 +358,8 @@ class LiveView:
 
     def progress(self, number: int, rate: float, ev: Any) -> None:
         """A running load test, every ``PROGRESS_EVERY_S`` of its arrivals: a plain line
-        (what it sent and judged, the served share, each limit so far, the verdict so
-        far), so a log shows a real test of minutes moving."""
+        (sent, completed, in flight, judged, the served share, each limit so far, the
+        verdict so far), so a log shows a real test of minutes moving."""
         if self.how.startswith("simulated") or math.isinf(rate):
             return
         key = (number, rate)
@@ -370,8 +370,10 @@ class LiveView:
         served = (f"{100 * ev.served_share:.0f}% of arrivals served"
                   if math.isfinite(ev.served_share) else "none served yet")
         self.out.print(f"  trial {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
-                       f"{ev.cohort} requests judged, {served}, {limits} so far: "
-                       f"{ev.verdict} so far", soft_wrap=True, highlight=False, markup=False)
+                       f"{ev.sent} sent, {ev.completed} completed, "
+                       f"{ev.sent - ev.completed} in flight, {ev.cohort} judged, {served}, "
+                       f"{limits} so far: {ev.verdict} so far",
+                       soft_wrap=True, highlight=False, markup=False)
 
     def add(self, number: int, result: Any, violations: list[Any]) -> None:
         from autotune.recommend import flags_line

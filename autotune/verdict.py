@@ -192,6 +192,10 @@ class Evidence:
     goodput_tokens: float
     steady_from_s: float
     min_duration_s: float
+    # Measured requests sent and completed by ``at_s`` (progress: sent - completed are
+    # in flight).
+    sent: int = 0
+    completed: int = 0
 
     @property
     def served_share(self) -> float:
@@ -450,7 +454,9 @@ def judge(
         arrival_rate=arrival_rate, served_rate=served_rate, backlog_slope=slope,
         backlog_upper=upper_slope, backlog_lower=lower_slope, backlog_allowed=allowed_slope,
         failures=n_failed, goodput_requests=goodput_req, goodput_tokens=goodput_tok,
-        steady_from_s=steady_from - t0, min_duration_s=min_s)
+        steady_from_s=steady_from - t0, min_duration_s=min_s,
+        sent=int(np.count_nonzero(a.sent <= now)),
+        completed=int(np.count_nonzero(a.end <= now)))
 
 
 def _good_mask(a: _Arrays, idx: np.ndarray, slo: SLO) -> np.ndarray:

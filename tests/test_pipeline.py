@@ -128,7 +128,8 @@ def test_a_running_real_load_test_prints_a_plain_progress_line_every_30_s() -> N
     def ev(at_s: float) -> Any:
         lim = SimpleNamespace(label="p99:e2e", observed_s=4.2)
         return SimpleNamespace(at_s=at_s, cohort=int(at_s * 2), served_share=0.99,
-                               limits=[lim], verdict="inconclusive")
+                               limits=[lim], verdict="inconclusive", sent=int(at_s * 2) + 9,
+                               completed=int(at_s * 2) + 1)
 
     log = io.StringIO()
     view = LiveView(Console(file=log, force_terminal=False), parse_slo("10s"), "vllm")
@@ -138,8 +139,9 @@ def test_a_running_real_load_test_prints_a_plain_progress_line_every_30_s() -> N
     lines = log.getvalue().splitlines()
     assert [line.split(": ")[1].split(",")[0] for line in lines] == [
         "31 s of arrivals", "62 s of arrivals"]
-    assert lines[0] == ("  trial 0 at 2 req/s: 31 s of arrivals, 62 requests judged, 99% of "
-                        "arrivals served, p99:e2e 4.2 s so far: inconclusive so far")
+    assert lines[0] == ("  trial 0 at 2 req/s: 31 s of arrivals, 71 sent, 63 completed, 8 in "
+                        "flight, 62 judged, 99% of arrivals served, p99:e2e 4.2 s so far: "
+                        "inconclusive so far")
     sim = io.StringIO()
     LiveView(Console(file=sim, force_terminal=False), parse_slo("10s"), "sim").progress(
         0, 2.0, ev(100.0))

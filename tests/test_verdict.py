@@ -123,6 +123,10 @@ def test_a_request_in_flight_past_the_limit_is_late_not_unknown() -> None:
         r.end_s = None
     ev = judge(recs, slo=SLO, offered_rate=20.0, now=90.0, rule=RULE)
     assert ev.limits[0].late == 2
+    # Progress counts: everything scheduled by now was sent; the two are in flight.
+    sent = sum(1 for r in recs if r.sent_s is not None and r.sent_s <= 90.0)
+    done = sum(1 for r in recs if r.end_s is not None and r.end_s <= 90.0)
+    assert (ev.sent, ev.completed) == (sent, done) and sent - done >= 2
 
 
 def test_more_late_than_the_whole_plan_allows_fails_at_once() -> None:

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from autotune.slo import SLO
+from autotune.verdict import SteadyState
 
-# A test "kept up" when it served this share of its arrivals over its steady part.
-KEPT_UP = 0.97
+# A test "kept up" when it served the share of its arrivals that a steady-state pass
+# needs over its steady part (the verdict's own default, not a second constant).
+KEPT_UP = SteadyState.served_share
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -33,7 +33,8 @@ from optuna.study._frozen import FrozenStudy  # what get_all_studies returns; no
 from optuna.trial import FrozenTrial, TrialState
 
 __all__ = [
-    "SUPPORTED", "BaseHeartbeat", "BaseStorage", "FrozenStudy", "HeartbeatRelay",
+    "GRACE_ATTR", "SUPPORTED", "BaseHeartbeat", "BaseStorage", "FrozenStudy",
+    "HeartbeatRelay", "heartbeat_grace",
     "cached_rdb", "fail_running_trial", "fail_stale_heartbeats", "heartbeat_enabled",
     "heartbeat_rdb", "quiet_logging", "retry_stale_callback", "set_trial_system_attr",
     "stale_trial_callback", "stale_trial_ids", "storage_of", "study_id", "trial_id",
@@ -145,6 +146,15 @@ def fail_stale_heartbeats(study: optuna.Study) -> None:
         optuna.storages.fail_stale_trials(study)
 
 
+GRACE_ATTR = "autotune:grace_s"  # trial system attr: its process's heartbeat grace
+
+
+def heartbeat_grace(storage: BaseStorage) -> float | None:
+    """The grace period after which ``storage``'s process fails a silent trial (None
+    without heartbeats)."""
+    return getattr(storage, "grace_s", None) if heartbeat_enabled(storage) else None
+
+
 class HeartbeatRelay(BaseHeartbeat):
     """The heartbeat half of a storage wrapper that holds the real storage as
     ``self.inner``: each heartbeat call goes to ``inner`` through ``self._call`` (which
@@ -152,6 +162,12 @@ class HeartbeatRelay(BaseHeartbeat):
     Optuna 4.x and 5.x, so one class satisfies either."""
 
     inner: BaseStorage
+    # Seconds without a heartbeat after which this process fails another's trial.  The
+    # processes of one study may be started with different settings (a search with the
+    # defaults beside workers with --grace-period 5): each trial records the grace its
+    # own process promised (GRACE_ATTR), and a trial is failed only by a process whose
+    # grace is at least that long, never for beating at the pace it was started with.
+    grace_s: float | None = None
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
@@ -165,7 +181,14 @@ class HeartbeatRelay(BaseHeartbeat):
         self._call("record_heartbeat", self._beats().record_heartbeat, trial_id)
 
     def _get_stale_trial_ids(self, study_id: int) -> list[int]:
-        return self._call("stale trial ids", stale_trial_ids, self._beats(), study_id)
+        stale = self._call("stale trial ids", stale_trial_ids, self._beats(), study_id)
+        return [tid for tid in stale if self._covers(tid)]
+
+    def _covers(self, trial_id: int) -> bool:
+        theirs = self._call("get_trial_system_attrs", self.inner.get_trial_system_attrs,
+                            trial_id).get(GRACE_ATTR)
+        mine = self.grace_s
+        return theirs is None or mine is None or float(theirs) <= mine
 
     def get_heartbeat_interval(self) -> int | None:
         if not isinstance(self.inner, BaseHeartbeat):

@@ -504,7 +504,10 @@ def run_search(o: SearchOptions) -> int:
                          "marked failed and retried")
     pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
     rec.notes.append(
-        f"this run: {run.new_trials} new trials in {run.wall_s:.1f} s wall, "
+        f"this run: {run.new_trials} new trials"
+        + (f" ({run.ran_here} here, {run.new_trials - run.ran_here} by workers)"
+           if run.ran_here < run.new_trials else "")
+        + f" in {run.wall_s:.1f} s wall, "
         f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
         f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
         "one load test below the incumbent's rate")

@@ -397,7 +397,10 @@ def open_storage(
                            f"installed; pip install {driver}") from None
     except Exception as exc:
         raise StorageError(f"cannot open storage {shown}: {_first_line(exc, url)}") from None
-    return RetryingHeartbeatStorage(inner, url=url, retry_s=retry_s)
+    out = RetryingHeartbeatStorage(inner, url=url, retry_s=retry_s)
+    if heartbeat_interval is not None:  # Optuna's own default grace: two intervals
+        out.grace_s = float(grace_period or 2 * heartbeat_interval)
+    return out
 
 
 def _open_journal(path_text: str, shown: str) -> BaseStorage:

@@ -26,9 +26,19 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
-from autotune.optuna_adapter import fail_running_trial, set_trial_system_attr
+from autotune.optuna_adapter import (
+    GRACE_ATTR,
+    fail_running_trial,
+    fail_stale_heartbeats,
+    heartbeat_enabled,
+    heartbeat_grace,
+    set_trial_system_attr,
+    storage_of,
+    trial_now,
+)
 from autotune.pruning import PrunerSettings
 from autotune.record import StoredTrial, stored_trials
+from autotune.seats import Surplus, claim_seat, requeue_number, should_wait
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
 from autotune.trial import (
@@ -324,6 +334,9 @@ class Objective:
     def __call__(self, trial: optuna.Trial) -> float:
         set_trial_system_attr(trial, "autotune:pid", os.getpid())
         set_trial_system_attr(trial, "autotune:host", socket.gethostname())
+        grace = heartbeat_grace(storage_of(trial.study))
+        if grace is not None:
+            set_trial_system_attr(trial, GRACE_ATTR, grace)
         params = self.space.suggest(trial)
         if not self.backend.restartable:
             params = {k: v for k, v in params.items() if k in CLIENT_PARAMS}
@@ -333,6 +346,8 @@ class Objective:
         if violations and self.backend.restartable:
             return self._rule_broken(trial, flags, violations)
         twin = _same_config(trial.study, trial.number, params)
+        if twin is None:
+            twin = _await_running_twin(trial.study, trial.number, params)
         if twin is not None:
             return self._repeat(trial, twin)
         outcome = self.search(trial, flags)
@@ -526,6 +541,34 @@ def _same_config(study: optuna.Study, number: int, params: Mapping[str, Any]
     return None
 
 
+def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, Any], *,
+                        poll_s: float = 0.5) -> FrozenTrial | None:
+    """When another live process is running exactly these parameters (the processes of
+    one study sample independently and may propose the same config at once), wait for
+    its answer rather than spend a second server start on it.  None when there is no
+    such trial, or it failed (then this trial runs the config itself)."""
+    while True:
+        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                   if t.number < number and dict(t.params) == dict(params)
+                   and _alive_elsewhere(study, t)]
+        if not running:
+            return _same_config(study, number, params)
+        time.sleep(poll_s)
+
+
+def _alive_elsewhere(study: optuna.Study, t: FrozenTrial) -> bool:
+    """True while the process running ``t`` can be known to live: a live pid on this
+    host, or (storages with heartbeats) a heartbeat that Optuna has not found stale.  A
+    trial of another host without heartbeats cannot be told from a dead one."""
+    storage = storage_of(study)
+    if heartbeat_enabled(storage):
+        fail_stale_heartbeats(study)
+        return trial_now(study, t).state == TrialState.RUNNING
+    pid = t.system_attrs.get("autotune:pid")
+    return (t.system_attrs.get("autotune:host") == socket.gethostname()
+            and isinstance(pid, int) and pid != os.getpid() and process_running(pid))
+
+
 def incumbent(study: optuna.Study) -> float | None:
     """The best objective value of a feasible finished trial so far."""
     best: float | None = None
@@ -583,6 +626,7 @@ class StudyRun:
     server_s: float
     load_test_s: float
     saved_s: float
+    ran_here: int = 0  # of new_trials, those this process ran (workers ran the others)
 
 
 def run_study(
@@ -634,21 +678,65 @@ def run_study(
 
     t0 = time.monotonic()
     if remaining != 0:
-        study.optimize(objective, n_trials=remaining, timeout=settings.timeout_s,
-                       callbacks=[budget_cb], catch=(), gc_after_trial=False)
-        if (settings.timeout_s is not None and stopped["by"] == "n_trials"
-                and time.monotonic() - t0 >= settings.timeout_s):
-            stopped["by"] = "timeout"
+        stopped["by"] = _run_seated(study, objective, settings, callbacks=[budget_cb],
+                                    budget_spent=lambda: stopped["by"] == "budget")
     else:
         stopped["by"] = "nothing to do"
     new = len(study.get_trials(deepcopy=False, states=done_states)) - finished
+    mine = sum(1 for t in study.get_trials(deepcopy=False, states=done_states)
+               if t.system_attrs.get("autotune:pid") == os.getpid()
+               and t.system_attrs.get("autotune:host") == socket.gethostname())
     if (settings.sampler == "grid" and remaining and new < remaining
             and stopped["by"] == "n_trials"):
         stopped["by"] = "grid exhausted"
-    return StudyRun(study=study, rows=rows_from_study(study), new_trials=new,
+    return StudyRun(study=study, rows=rows_from_study(study), new_trials=new, ran_here=mine,
                     stale_failed=stale, stopped_by=stopped["by"], wall_s=time.monotonic() - t0,
                     server_s=backend.server_s - server0, load_test_s=objective.load_test_s,
                     saved_s=objective.saved_s)
+
+
+def _run_seated(study: optuna.Study, objective: Objective, settings: StudySettings, *,
+                callbacks: list[Callable[[optuna.Study, FrozenTrial], None]],
+                budget_spent: Callable[[], bool], poll_s: float = 0.5) -> str:
+    """Run trials one at a time until the study (all its processes together) holds
+    n_trials finished ones, the timeout passes or the budget is spent; why it stopped.
+
+    Workers may run trials on the same study: a trial claims a seat first (a surplus one
+    gives its config back to the queue), and while the last seats are taken elsewhere
+    this waits for them rather than ending the study early."""
+    t0 = time.monotonic()
+    n_trials = settings.n_trials
+
+    current: dict[str, int] = {}
+
+    def seated(trial: optuna.Trial) -> float:
+        current["number"] = trial.number
+        claim_seat(study, trial, n_trials)
+        return objective(trial)
+
+    while True:
+        left = None if settings.timeout_s is None else settings.timeout_s - (
+            time.monotonic() - t0)
+        if left is not None and left <= 0:
+            return "timeout"
+        done, wait = should_wait(study, n_trials)
+        if done:
+            return "n_trials"
+        sampler = study.sampler
+        if isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study):
+            return "n_trials"
+        if wait:
+            time.sleep(poll_s)  # other processes hold the last seats; they may die
+            continue
+        current.clear()
+        try:
+            study.optimize(seated, n_trials=1, timeout=left, callbacks=callbacks, catch=(),
+                           gc_after_trial=False)
+        except Surplus:
+            requeue_number(study, current.get("number"))
+            continue
+        if budget_spent():
+            return "budget"
 
 
 # ----------------------------------------------------------------------------- prescreen

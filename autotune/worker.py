@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 
 from autotune.errors import AutotuneError
 from autotune.optuna_adapter import (
@@ -46,15 +46,21 @@ from autotune.optuna_adapter import (
     storage_of,
     trial_now,
 )
+from autotune.seats import (
+    Surplus,
+    claim_seat,
+    finished_count,
+    requeue,
+    requeue_number,
+    should_wait,
+)
 from autotune.slo import parse_slo
 from autotune.space import SearchSpace
 from autotune.storage import mask_url, open_storage
 from autotune.study import StudyError, StudySettings, process_running, validate_name
 
 SPEC_ATTR = "autotune:spec"
-COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # what --n-trials counts
 INTERRUPTED = "interrupted"
-SURPLUS = "surplus"
 
 
 class IncompatibleStudy(StudyError, AutotuneError):
@@ -322,61 +328,6 @@ def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec 
 # ----------------------------------------------------------------------------- counting
 
 
-def finished_count(study: optuna.Study) -> int:
-    return len(study.get_trials(deepcopy=False, states=COUNTED))
-
-
-def seat_of(trials: Sequence[FrozenTrial], number: int) -> int:
-    """How many COMPLETE, PRUNED or RUNNING trials precede trial ``number``: the trial
-    is surplus when that reaches n_trials (two workers claimed the last seat at once)."""
-    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
-    return sum(1 for t in trials if t.state in live and t.number < number)
-
-
-def should_wait(study: optuna.Study, n_trials: int | None) -> tuple[bool, bool]:
-    """(done, wait): done when n_trials finished; wait when the trials still running
-    elsewhere would fill the study and nothing is queued for retry."""
-    if n_trials is None:
-        return False, False
-    trials = study.get_trials(deepcopy=False)
-    done = sum(1 for t in trials if t.state in COUNTED)
-    running = sum(1 for t in trials if t.state == TrialState.RUNNING)
-    waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
-    if done >= n_trials:
-        return True, False
-    return False, done + running >= n_trials and not waiting
-
-
-def requeue(study: optuna.Study, frozen: FrozenTrial) -> None:
-    """Queue ``frozen``'s config again, as Optuna retries a stale trial (at most once)."""
-    attrs = _retry_user_attrs(frozen)
-    if frozen.params:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
-        retry(study, _with_user_attrs(frozen, attrs))
-    elif frozen.system_attrs.get("fixed_params"):
-        # Claimed from the queue and stopped before it suggested: put it back as it was.
-        study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=attrs,
-                                            system_attrs=dict(frozen.system_attrs)))
-
-
-def _retry_user_attrs(t: FrozenTrial) -> dict[str, Any]:
-    drop = ("worker", "reason", "status", "result", "feasible", "p99_e2e_s",
-            "goodput_tokens", "surplus")
-    return {k: v for k, v in t.user_attrs.items() if k not in drop}
-
-
-def _with_user_attrs(t: FrozenTrial, attrs: dict[str, Any]) -> FrozenTrial:
-    import copy
-
-    out = copy.deepcopy(t)
-    out.user_attrs = attrs
-    return out
-
-
 # ----------------------------------------------------------------------------- signals
 
 
@@ -509,10 +460,6 @@ def _paced(backend: Any, pace_s: float) -> Any:
 # ----------------------------------------------------------------------------- loop
 
 
-class _Surplus(Exception):
-    pass
-
-
 def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> WorkerRun:
     """Join ``opts.study`` and run trials until it holds n_trials finished ones."""
     from autotune.study import Objective, open_study
@@ -566,11 +513,7 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
     def run_one(trial: optuna.Trial) -> float:
         current["number"] = trial.number
         trial.set_user_attr("worker", wid)
-        if n_trials is not None:
-            trials = study.get_trials(deepcopy=False)
-            if seat_of(trials, trial.number) >= n_trials:
-                trial.set_user_attr("reason", SURPLUS)
-                raise _Surplus()
+        claim_seat(study, trial, n_trials)
         try:
             return objective(trial)
         except KeyboardInterrupt:
@@ -594,8 +537,8 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
                 current.clear()
                 try:
                     study.optimize(run_one, n_trials=1, catch=(), gc_after_trial=False)
-                except _Surplus:
-                    _requeue_number(study, current.pop("number", None))
+                except Surplus:
+                    requeue_number(study, current.pop("number", None))
                     continue
                 except optuna.exceptions.UpdateFinishedTrialError:
                     say(f"trial {current.get('number')}: failed by another worker after a "
@@ -610,7 +553,7 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
             number = current.get("number")
             backend.close()  # stop the server first: the GPU is what costs
             if number is not None:
-                _requeue_number(study, number, only_failed=True)
+                requeue_number(study, number, only_failed=True)
                 say(f"trial {number}: failed (interrupted); its config is queued again")
         finally:
             backend.close()
@@ -640,17 +583,6 @@ def _fail_stale(study: optuna.Study) -> None:
                 requeue(study, trial_now(study, t))
         except optuna.exceptions.UpdateFinishedTrialError:
             pass  # another worker on this host got there first
-
-
-def _requeue_number(study: optuna.Study, number: int | None, *, only_failed: bool = False
-                    ) -> None:
-    if number is None:
-        return
-    for t in study.get_trials(deepcopy=False):
-        if t.number == number:
-            if t.state == TrialState.FAIL or not only_failed:
-                requeue(study, t)
-            return
 
 
 def _worker_seed(seed: int, wid: str) -> int:

@@ -51,3 +51,11 @@ def fake_server_process() -> Iterator[Callable[..., FakeServerProcess]]:
     finally:
         for server in started:
             server.stop()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) the tests that start real vLLM share one
+    worker, so that two vLLM servers never fight over this machine's cores at once."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))

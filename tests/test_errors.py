@@ -19,7 +19,7 @@ from autotune.errors import AutotuneError
 INTERNAL = {
     "autotune.transport.TransportError", "autotune.transport.ConnectError",
     "autotune.transport.RemoteProtocolError", "autotune.transport._StaleConnection",
-    "autotune.worker._Surplus", "autotune.worker.Terminated", "autotune.trial.TrialFailed",
+    "autotune.seats.Surplus", "autotune.worker.Terminated", "autotune.trial.TrialFailed",
 }
 PENDING: set[str] = set()
 

@@ -9,6 +9,7 @@ test releases all of them with one write each, so they open the storage together
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -17,9 +18,10 @@ from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 
 from autotune.storage import open_storage, schema_race, schema_race_retry
-from autotune.study import StudyError
+from autotune.study import StudyError, process_running
 from autotune.worker import join_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -167,3 +169,105 @@ def test_a_worker_joins_a_study_created_while_it_waits(tmp_path: Path) -> None:
         waiting.set()
         creator.join()
     assert joined == spec and not created
+
+
+# ------------------------------------------------- a search and 4 workers, started together
+
+SEARCH_AND_WORKERS_TRIALS = 10
+
+
+def _cli(tmp: Path, name: str, args: list[str]) -> tuple[subprocess.Popen[bytes], Path]:
+    log = tmp / f"{name}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "autotune", *args], cwd=tmp,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                stdout=out, stderr=subprocess.STDOUT)
+    return proc, log
+
+
+TOGETHER_SPACE = """\
+name: together
+fixed: {{model: {model}}}
+parameters:
+  max_num_seqs: {{type: int, low: 1, high: 256}}
+  request_rate: {{type: float, low: 10, high: 20}}
+rules: []
+"""
+
+
+def _search_and_workers(tmp: Path, url: str, name: str) -> None:
+    """`autotune search` and 4 `autotune worker`s, started in the same instant on one
+    study that does not exist yet.  Every process launches a real server per trial (the
+    fake vLLM server) and load-tests it in real time, as on GPUs, so that the five take
+    turns at the study's seats."""
+    n, model = SEARCH_AND_WORKERS_TRIALS, f"fake-together-{os.getpid()}"
+    space = tmp / "together.yaml"
+    space.write_text(TOGETHER_SPACE.format(model=model))
+    server = f"{sys.executable} -m autotune.testing.fake_server --token-delay-ms 1 --eos-after 8"
+    common = ["--storage", url, "--n-trials", str(n), "--space", str(space),
+              "--backend", "vllm", "--vllm-cmd", server, "--model", model,
+              "--num-prompts", "10", "--warmup", "2", "--min-duration", "1s",
+              "--max-duration", "6s", "--backlog-share", "0.5", "--max-probes", "2",
+              "--studies-dir", str(tmp / "studies")]
+    search = ["search", "--study-name", name, "--slo", "p90:e2e<=1s", "--validate", "off",
+              "--refine-top", "0", *common]
+    worker = ["worker", "--study", name, "--slo", "p90:e2e<=1s", "--input-len", "16",
+              "--output-len", "8", "--heartbeat-interval", "1", "--grace-period", "5",
+              "--poll-s", "0.2", *common]
+    procs = [_cli(tmp, "search", search)]
+    procs += [_cli(tmp, f"worker{i}", worker) for i in range(N)]
+    try:
+        codes = [p.wait(300) for p, _ in procs]
+    finally:
+        for p, _ in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    logs = {log.stem: log.read_text(errors="replace") for _, log in procs}
+    assert codes == [0] * (N + 1), logs
+    for text in logs.values():
+        assert "Traceback" not in text and "error:" not in text, text
+    storage = open_storage(url, heartbeat_interval=None, grace_period=None)
+    study = optuna.load_study(study_name=name, storage=storage)
+    counted = study.get_trials(states=(TrialState.COMPLETE, TrialState.PRUNED))
+    assert len(counted) == n, [(t.number, t.state) for t in study.trials]
+    owners = {t.system_attrs.get("autotune:pid") for t in counted}
+    assert owners == {p.pid for p, _ in procs}, (owners, logs)  # every process ran trials
+    surplus = [t for t in study.trials if t.user_attrs.get("reason") == "surplus"]
+    assert all(t.state == TrialState.FAIL for t in surplus)
+    # No config was started twice: a surplus trial never started its server, a config
+    # proposed again is answered from its first trial (repeat_of), and nobody died here,
+    # so no trial is a retry.
+    started = [json.dumps(t.params, sort_keys=True) for t in counted
+               if "repeat_of" not in (t.user_attrs.get("result") or {})]
+    assert len(started) == len(set(started)), started
+    assert marked(model) == []  # every server stopped with its process
+    mine = sum(1 for t in counted if t.system_attrs.get("autotune:pid") == procs[0][0].pid)
+    assert f"{n} new trials ({mine} here, {n - mine} by workers)" in logs["search"]
+
+
+def marked(marker: str) -> list[int]:
+    """Live processes whose command line holds ``marker``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmd and process_running(int(entry)):
+                out.append(int(entry))
+    return out
+
+
+@pytest.mark.slow
+def test_a_search_and_four_workers_started_together_on_a_new_sqlite_file(tmp_path: Path
+                                                                        ) -> None:
+    _search_and_workers(tmp_path, f"sqlite:///{tmp_path / 'shared.db'}", "five")
+
+
+@pytest.mark.postgres
+@pytest.mark.slow
+def test_a_search_and_four_workers_started_together_on_an_empty_postgresql(
+        pg: Postgres, tmp_path: Path) -> None:
+    _search_and_workers(tmp_path, pg.url, f"five-{os.getpid()}")

@@ -434,3 +434,53 @@ def test_apply_ceilings_without_a_feasible_ceiling_keeps_the_trials() -> None:
     rec = apply_ceilings(rec, views, [bad])
     assert rec.best.trial == 1 and rec.best.max_feasible_rate == 10.0
     assert rec.rate_cap == pytest.approx(9.0)
+
+
+def test_a_config_running_in_another_live_process_is_awaited_not_started_again() -> None:
+    import socket
+    import threading
+
+    from autotune.study import _await_running_twin
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"max_num_seqs": optuna.distributions.IntDistribution(1, 8)}
+
+    def running_elsewhere(seqs: int, pid: int) -> optuna.Trial:
+        study.enqueue_trial({"max_num_seqs": seqs})
+        trial = study.ask(dist)
+        for key, value in (("autotune:pid", pid), ("autotune:host", socket.gethostname())):
+            study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        return trial
+
+    other = subprocess.Popen(["sleep", "60"])  # the live process that runs the twin
+    try:
+        twin = running_elsewhere(3, other.pid)
+        looked = threading.Event()
+        real_get = study.get_trials
+
+        def spying_get(*args: Any, **kwargs: Any) -> Any:
+            looked.set()  # the waiter has looked and found the twin running
+            return real_get(*args, **kwargs)
+
+        def finish_twin() -> None:
+            looked.wait(30)
+            twin.set_user_attr("result", {"launched": True})
+            study.tell(twin, 5.0)
+
+        study.get_trials = spying_get  # type: ignore[method-assign]
+        finisher = threading.Thread(target=finish_twin)
+        finisher.start()
+        answer = _await_running_twin(study, twin.number + 1, {"max_num_seqs": 3}, poll_s=0.01)
+        finisher.join()
+        assert answer is not None and answer.number == twin.number  # its answer, reused
+        assert answer.state == TrialState.COMPLETE
+        # A twin whose process has died is not awaited: this trial runs the config.
+        orphan = running_elsewhere(7, other.pid)
+        other.kill()
+        other.wait()
+        assert _await_running_twin(study, orphan.number + 1, {"max_num_seqs": 7},
+                                   poll_s=0.01) is None
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()

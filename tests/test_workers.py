@@ -15,13 +15,13 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.seats import seat_of
 from autotune.servers.process import descendants
 from autotune.storage import mask_url, scrub, storage_kind, url_password
 from autotune.worker import (
     StudySpec,
     check_compatible,
     join_study,
-    seat_of,
     space_to_dict,
     spec_differences,
 )

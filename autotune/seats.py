@@ -1,0 +1,99 @@
+"""Seats: how many trials a shared study still wants.
+
+``--n-trials`` is study-wide.  When a search and workers run trials on one study, each
+process asks before a trial whether the study still has a seat for it, so that the study
+ends with exactly n_trials finished trials, not n_trials per process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # what --n-trials counts
+SURPLUS = "surplus"  # the reason stored on a trial that found no seat
+
+
+class Surplus(Exception):
+    """The trial found every seat taken (two processes claimed the last one at once).
+
+    Internal: raised inside a trial, caught by the loop that started it."""
+
+
+def finished_count(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=COUNTED))
+
+
+def seat_of(trials: Sequence[FrozenTrial], number: int) -> int:
+    """How many COMPLETE, PRUNED or RUNNING trials precede trial ``number``: the trial
+    is surplus when that reaches n_trials (two workers claimed the last seat at once)."""
+    live = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+    return sum(1 for t in trials if t.state in live and t.number < number)
+
+
+def should_wait(study: optuna.Study, n_trials: int | None) -> tuple[bool, bool]:
+    """(done, wait): done when n_trials finished; wait when the trials still running
+    elsewhere would fill the study and nothing is queued for retry."""
+    if n_trials is None:
+        return False, False
+    trials = study.get_trials(deepcopy=False)
+    done = sum(1 for t in trials if t.state in COUNTED)
+    running = sum(1 for t in trials if t.state == TrialState.RUNNING)
+    waiting = sum(1 for t in trials if t.state == TrialState.WAITING)
+    if done >= n_trials:
+        return True, False
+    return False, done + running >= n_trials and not waiting
+
+
+def claim_seat(study: optuna.Study, trial: optuna.Trial, n_trials: int | None) -> None:
+    """Raise ``Surplus`` (and say so on the trial) when ``trial`` has no seat."""
+    if n_trials is None:
+        return
+    if seat_of(study.get_trials(deepcopy=False), trial.number) >= n_trials:
+        trial.set_user_attr("reason", SURPLUS)
+        raise Surplus()
+
+
+def requeue(study: optuna.Study, frozen: FrozenTrial) -> None:
+    """Queue ``frozen``'s config again, as Optuna retries a stale trial (at most once)."""
+    attrs = _retry_user_attrs(frozen)
+    if frozen.params:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
+        retry(study, _with_user_attrs(frozen, attrs))
+    elif frozen.system_attrs.get("fixed_params"):
+        # Claimed from the queue and stopped before it suggested: put it back as it was.
+        study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs=attrs,
+                                            system_attrs=dict(frozen.system_attrs)))
+
+
+def _retry_user_attrs(t: FrozenTrial) -> dict[str, Any]:
+    drop = ("worker", "reason", "status", "result", "feasible", "p99_e2e_s",
+            "goodput_tokens", "surplus")
+    return {k: v for k, v in t.user_attrs.items() if k not in drop}
+
+
+def _with_user_attrs(t: FrozenTrial, attrs: dict[str, Any]) -> FrozenTrial:
+    import copy
+
+    out = copy.deepcopy(t)
+    out.user_attrs = attrs
+    return out
+
+
+def requeue_number(study: optuna.Study, number: int | None, *, only_failed: bool = False
+                   ) -> None:
+    """Queue trial ``number``'s config again (``only_failed``: only if it failed)."""
+    if number is None:
+        return
+    for t in study.get_trials(deepcopy=False):
+        if t.number == number:
+            if t.state == TrialState.FAIL or not only_failed:
+                requeue(study, t)
+            return

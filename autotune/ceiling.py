@@ -276,7 +276,7 @@ class CeilingResult:
     confidence: float
     tol: float
     headroom: float
-    source: str  # "simulated (virtual time)" or "measured (HTTP)"
+    source: str  # metrics.SIMULATED or metrics.MEASURED
     feasible: bool  # some rate passed
     feasible_max: float | None
     infeasible_min: float | None

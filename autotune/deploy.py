@@ -61,12 +61,6 @@ class ReplicaResult:
         pp = self.pipeline_parallel_size
         return f"TP={self.tensor_parallel_size}" + (f"xPP={pp}" if pp > 1 else "")
 
-    @property
-    def tokens_per_request(self) -> float:
-        if self.goodput_requests > 0:
-            return self.goodput_tokens / self.goodput_requests
-        return 0.0
-
 
 @dataclass(frozen=True)
 class Replica:
@@ -166,7 +160,11 @@ def plan_deployment(
     per = replica.gpus_per_replica
     cap = replica.ceiling_rate * (1.0 - headroom)
     total_cap = cap * dp
-    tok_at_cap = total_cap * replica.tokens_per_request
+    # The ceiling's goodput scaled down to the cap: at most the goodput measured at the
+    # ceiling (a rate times tokens per request would count requests that missed the SLO
+    # and could print more tokens at the cap than at the higher ceiling).
+    tok_at_cap = dp * replica.goodput_tokens * (cap / replica.ceiling_rate
+                                                if replica.ceiling_rate > 0 else 0.0)
     cost = None
     if gpu_hour_cost is not None and tok_at_cap > 0:
         cost = per * dp * gpu_hour_cost / (tok_at_cap * 3600.0) * 1e6
@@ -334,8 +332,9 @@ def plan_text(plan: Plan, *, how: str = "") -> str:
         + f", goodput {r.goodput_tokens:,.0f} output tok/s",
         f"Rate cap: {plan.cap_per_replica:.3g} req/s per replica "
         f"({plan.headroom:.0%} headroom), {plan.total_cap:.3g} req/s in total",
-        f"Output tokens at the cap: {plan.output_tokens_per_s_at_cap:,.0f} tok/s "
-        f"({r.tokens_per_request:.0f} output tokens per request, as measured)",
+        f"Output tokens at the cap: {plan.output_tokens_per_s_at_cap:,.0f} tok/s in total "
+        f"(the ceiling's goodput, {plan.goodput_tokens:,.0f} tok/s in total, scaled by "
+        f"cap/ceiling = {1.0 - plan.headroom:.0%})",
     ]
     if plan.cost_per_million_output_tokens is not None:
         lines.append(

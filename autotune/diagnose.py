@@ -40,6 +40,7 @@ TTFT_DOMINANT_SHARE = 0.5  # or p99 TTFT alone over half of p99 E2E
 KV_NEAR_FULL = 0.95
 MEM_SPREAD = 0.10
 SEND_LAG_S = 1e-3
+SEND_LAG_SHARE = 0.05  # of the mean gap between scheduled arrivals
 MIN_P99_SAMPLES = 299  # below, the 95% upper bound of a p99 is no sample at all
 UNSTEADY_SPREAD = 0.25  # first vs last third of the window
 SHORT_PROMPT_TOKENS = 32
@@ -243,9 +244,18 @@ def _client_limited(s: Any) -> Diagnosis | None:
     sched = _num(s, "scheduled_rate")
     if _known(sched) and (sched <= 0 or math.isinf(sched)):
         return None  # all sent at once: there is no schedule to lag behind
+    # A lag matters against the gaps between arrivals: 4 ms late at 1.4 req/s (gaps of
+    # 700 ms) leaves the offered load as it was; at 200 req/s it does not.
+    limit = SEND_LAG_S
+    if _known(sched) and sched > 0:
+        limit = max(SEND_LAG_S, SEND_LAG_SHARE / sched)
+    if lag <= limit:
+        return None
     return Diagnosis(
         "client_limited", "Client could not keep up: figures not trustworthy",
-        f"send lag p99 {lag * 1e3:.1f} ms > {SEND_LAG_S * 1e3:g} ms behind the schedule",
+        f"send lag p99 {lag * 1e3:.1f} ms > {limit * 1e3:.3g} ms behind the schedule "
+        f"(the larger of {SEND_LAG_S * 1e3:g} ms and {SEND_LAG_SHARE:.0%} of the mean gap "
+        "between arrivals)",
         "run the load generator on a less busy machine, lower the rate, or add client "
         "workers; until then the server is offered less than the rate says",
         WARNING)

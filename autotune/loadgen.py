@@ -190,19 +190,34 @@ def _unreachable(url: str, exc: Exception) -> LoadGenError:
     return LoadGenError(f"no server at {url}: {reason}; is it running?")
 
 
-def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> list[str]:
-    """The model ids the server serves (GET /v1/models); LoadGenError if unusable."""
+SIMULATOR_OWNER = "autotune-simulator"  # ``owned_by`` in autotune.sim.serve's /v1/models
+
+
+@dataclass(frozen=True)
+class Served:
+    """What GET /v1/models says: the model ids, and whether the server is autotune's
+    simulator (whose timings are simulated even though they come over HTTP)."""
+
+    models: list[str]
+    simulated: bool
+
+
+def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> Served:
+    """What the server serves (GET /v1/models); LoadGenError if unusable."""
     base = normalize_url(url)
     try:
         response = httpx.get(f"{base}/v1/models", headers=_auth(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise _unreachable(base, exc) from None
-    return _models_from(base, response.status_code, response.content)
+    models = _models_from(base, response.status_code, response.content)
+    owners = {str(m.get("owned_by")) for m in json.loads(response.content)["data"]
+              if isinstance(m, dict)}
+    return Served(models=models, simulated=SIMULATOR_OWNER in owners)
 
 
 def fetch_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The first model the server serves, for when the user named none."""
-    models = check_server(url, api_key, timeout_s)
+    models = check_server(url, api_key, timeout_s).models
     if not models:
         raise LoadGenError(f"server at {url} serves no model (GET /v1/models is empty)")
     return models[0]

@@ -99,6 +99,12 @@ class LatencyStats:
         return cls(int(x.size), float(x.mean()), p50, p90, p95, p99, float(x.max()), lo, hi)
 
 
+# How a summary's records were obtained (``Summary.source``), one wording everywhere.
+MEASURED = "measured (HTTP)"
+SIMULATED = "simulated (virtual time)"
+SIMULATED_HTTP = "simulated server (autotune's simulator over HTTP, real time)"
+
+
 @dataclass
 class Summary:
     source: str  # how the records were obtained: "measured (HTTP)", "simulated (virtual time)"
@@ -219,7 +225,7 @@ def summarize(
     *,
     slo: SLO | None = None,
     offered_rate: float | None = None,
-    source: str = "measured (HTTP)",
+    source: str = MEASURED,
 ) -> Summary:
     """Figures of one load test.  Warm-up records are dropped first."""
     measured = [r for r in records if not r.warmup]

@@ -22,6 +22,7 @@ from rich.live import Live
 from rich.table import Table
 
 from autotune.files import atomic_write, json_safe
+from autotune.metrics import MEASURED, SIMULATED
 from autotune.options import (
     OptionsError,
     duration,
@@ -238,6 +239,16 @@ def _validate(o: SearchOptions) -> Plan:
                 steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env)
 
 
+def _study_attrs(plan: Plan, wl: Any, load_plan: Any) -> dict[str, Any]:
+    """What the study stores of how it is measured, beside the SLO and space."""
+    sim = plan.backend == "sim"
+    return {"backend": plan.backend, "source": SIMULATED if sim else MEASURED,
+            "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
+            "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
+                        f"{load_plan.warmup} warm-up)",
+            "tokenizer": wl.tokenizer}
+
+
 def _check_storage_url(url: str) -> None:
     """A URL sqlalchemy cannot even parse, or whose database driver is missing, fails
     here before the workload is built (reachability is checked when it is opened)."""
@@ -321,8 +332,8 @@ class LiveView:
         self.slo = slo
         self.rows: list[list[str]] = []
         self.live: Live | None = None
-        self.how = ("simulated (virtual time)" if backend == "sim"
-                    else "measured (HTTP)")
+        self.how = (SIMULATED if backend == "sim"
+                    else MEASURED)
         self.shown: dict[tuple[int, float], float] = {}  # progress line last printed at
 
     def __enter__(self) -> LiveView:
@@ -438,6 +449,10 @@ def run_search(o: SearchOptions) -> int:
     load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
     # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
     # retries (autotune.storage), so `autotune worker`s can share the study.
+    if not o.storage:
+        # --studies-dir is autotune's own output folder (only a --storage URL names a
+        # folder that must already exist).
+        Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
     storage = open_storage(plan.storage)
     out = console
     rule = plan.steady
@@ -463,7 +478,8 @@ def run_search(o: SearchOptions) -> int:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
-                            on_probe=view.probe, on_progress=view.progress)
+                            on_probe=view.probe, on_progress=view.progress,
+                            attrs=_study_attrs(plan, wl, load_plan))
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(
@@ -526,7 +542,7 @@ def _refine(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any
     """The ceiling search on the best configs, on the study's backend."""
     from autotune.study import refine_ceilings
 
-    how = "simulated (virtual time)" if backend.mode == "virtual" else "measured (HTTP)"
+    how = SIMULATED if backend.mode == "virtual" else MEASURED
     # On the simulator each probe is cheap but not free: the default study must stay
     # well under two minutes, so probes use at most 1000 measured requests there.
     n = min(len(load_plan.requests), 1000) if backend.mode == "virtual" else None
@@ -678,6 +694,9 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
                    else rec.vs_baseline.get("note", ""))
         out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
                   f"{base.rate:g} req/s): {verdict}", soft_wrap=True)
+        if rec.vs_baseline.get("equal_gpus_note"):
+            out.print(f"  vs vLLM defaults on equal GPUs: {rec.vs_baseline['equal_gpus_note']}",
+                      soft_wrap=True)
         ceil_ratio = rec.vs_baseline.get("goodput_ratio_at_ceilings")
         if ceil_ratio is not None:
             out.print(f"  vs vLLM defaults at their own ceiling "

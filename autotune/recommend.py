@@ -229,6 +229,32 @@ def predictions_vs_measured(views: Sequence[TrialView]) -> list[dict[str, Any]]:
     return rows
 
 
+def equal_gpus(best_tokens: float | None, best_gpus: int | None, base_tokens: float | None,
+               base_gpus: int | None) -> dict[str, Any] | None:
+    """The goodput comparison with vLLM's defaults on the same GPUs, when the two use
+    different GPU counts: the defaults run as replicas on the recommendation's GPUs (as
+    many whole replicas as fit), and per GPU.  None when the counts are equal or a figure
+    is missing."""
+    gb, g0 = max(int(best_gpus or 1), 1), max(int(base_gpus or 1), 1)
+    if gb == g0 or not best_tokens or not base_tokens:
+        return None
+    replicas = gb // g0
+    out: dict[str, Any] = {
+        "gpus": gb, "baseline_gpus": g0,
+        "goodput_ratio_per_gpu": (best_tokens / gb) / (base_tokens / g0)}
+    if replicas >= 1:
+        out["baseline_replicas"] = replicas
+        out["goodput_ratio_equal_gpus"] = best_tokens / (base_tokens * replicas)
+        out["equal_gpus_note"] = (
+            f"on {gb} GPUs, vLLM's defaults run as {replicas} replica(s) of {g0} GPU(s): "
+            f"{out['goodput_ratio_equal_gpus']:.2f}x their goodput; "
+            f"{out['goodput_ratio_per_gpu']:.2f}x per GPU")
+    else:
+        out["equal_gpus_note"] = (f"per GPU ({gb} vs {g0}): "
+                                  f"{out['goodput_ratio_per_gpu']:.2f}x the defaults' goodput")
+    return out
+
+
 def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
     if baseline is None:
         return {"note": "no baseline trial in this study"}
@@ -249,6 +275,8 @@ def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
     elif baseline.feasible and baseline.value:
         out["objective_ratio"] = best.value / baseline.value
         out["compared"] = "each config at its own ceiling"
+        out.update(equal_gpus(best.goodput_tokens, best.gpus, baseline.goodput_tokens,
+                              baseline.gpus) or {})
     else:
         out["objective_ratio"] = None
         out["note"] = (f"the vLLM-defaults baseline did not meet the SLO at "
@@ -390,7 +418,12 @@ def to_markdown(rec: Recommendation) -> str:
             f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
         ratio = rec.vs_baseline.get("objective_ratio")
         if ratio is not None:
-            lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput.")
+            lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput"
+                         + (f" ({rec.vs_baseline['gpus']} GPUs vs "
+                            f"{rec.vs_baseline['baseline_gpus']})"
+                            if "gpus" in rec.vs_baseline else "") + ".")
+            if rec.vs_baseline.get("equal_gpus_note"):
+                lines.append(f"Compared fairly, {rec.vs_baseline['equal_gpus_note']}.")
         elif rec.vs_baseline.get("note"):
             lines.append(rec.vs_baseline["note"] + ".")
         vs = rec.vs_baseline

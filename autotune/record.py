@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.flags import CLIENT_PARAMS
+from autotune.metrics import SIMULATED
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:
@@ -159,7 +160,7 @@ class StoredTrial:
         found = self.summary.get("source")
         if found:
             return str(found)
-        return "simulated (virtual time)" if self.result.get("mode") == "virtual" else None
+        return SIMULATED if self.result.get("mode") == "virtual" else None
 
     @property
     def baseline(self) -> bool:

@@ -26,6 +26,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.errors import AutotuneError
+from autotune.metrics import SIMULATED
 from autotune.optuna_adapter import (
     GRACE_ATTR,
     fail_running_trial,
@@ -640,14 +641,20 @@ def run_study(
     on_trial_end: Callable[[optuna.Study, FrozenTrial], None] | None = None,
     on_probe: Callable[[int, Any], None] | None = None,
     on_progress: Callable[[int, float, Any], None] | None = None,
+    attrs: Mapping[str, Any] | None = None,
 ) -> StudyRun:
-    """Create or resume the study and run trials until n_trials/timeout/budget."""
+    """Create or resume the study and run trials until n_trials/timeout/budget.
+
+    ``attrs``: study user attributes that say how it is measured (backend, source,
+    profile, workload), for anyone who opens the study (optuna-dashboard)."""
     validate_name(settings.name)
     storage = storage or open_storage(storage_url(settings.name, settings.storage,
                                                   settings.studies_dir))
     objective = Objective(settings, backend, plan, None, on_result, on_probe)
     objective.on_progress = on_progress
     study = open_study(settings, storage, None, space=objective.space)
+    for key, value in (attrs or {}).items():
+        study.set_user_attr(key, value)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     stale = fail_stale_trials(study)
     enqueue_baseline(study, objective.space)
@@ -767,7 +774,7 @@ def prescreen_enqueue(rows: Sequence[StoredTrial], space: SearchSpace, *, top_k:
             continue
         seen.add(key)
         predicted = {
-            "source": "simulated (virtual time)",
+            "source": SIMULATED,
             "prescreen_trial": row.number,
             "ceiling_rate": row.rate,
             "goodput_tokens": row.goodput_tokens,

@@ -596,12 +596,21 @@ def knees_of(res: SweepResult, *, max_gain: float = DEFAULT_MAX_GAIN,
     """The knee of each line of the sweep (see :func:`autotune.knee.find_knee`)."""
     x = res.spec.x_name
     out: dict[str, Knee] = {}
+    if x in SCALING_PARAMS:
+        return out  # a layout is not a load level: TP/PP/DP get the scaling analysis
     for key, pts in _series(res).items():
         if not _numeric_x(pts, x):
             continue
-        out[key] = find_knee([p.x(x) for p in pts], [p.fig("output_throughput") for p in pts],
-                             [p.fig("p99_e2e_s") for p in pts], x_label=x,
-                             max_gain=max_gain, min_rise=min_rise)
+        knee = find_knee([p.x(x) for p in pts], [p.fig("output_throughput") for p in pts],
+                         [p.fig("p99_e2e_s") for p in pts], x_label=x,
+                         max_gain=max_gain, min_rise=min_rise)
+        checks = [p.result.check for p in pts]
+        if knee.x is None and checks and all(c is not None and not c.met for c in checks):
+            # Upward is where the SLO is missed by more: the knee does not matter here.
+            why = knee.why.replace("extend the sweep upward to find it",
+                                   "every point misses the SLO: sweep lower values")
+            knee = replace(knee, why=why)
+        out[key] = knee
     return out
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.arrivals import arrival_offsets
-from autotune.metrics import Summary, summarize
+from autotune.metrics import MEASURED, SIMULATED, Summary, summarize
 from autotune.pruning import OverloadPruner, PruneDecision, Window, window_evidence
 from autotune.records import RequestRecord
 from autotune.slo import SLO, SLOCheck
@@ -124,7 +124,7 @@ class Backend(ABC):
     name: str = "backend"
     mode: str = "real"  # "virtual" | "real"
     restartable: bool = True
-    source: str = "measured (HTTP)"
+    source: str = MEASURED
 
     def __init__(self) -> None:
         self.server_s = 0.0
@@ -549,7 +549,7 @@ class SimBackend(Backend):
 
     name = "sim"
     mode = "virtual"
-    source = "simulated (virtual time)"
+    source = SIMULATED
 
     def __init__(self, hardware: str | HardwareProfile, model: str | ModelProfile, *,
                  startup_s: float = 0.0) -> None:
@@ -641,7 +641,7 @@ class ServerBackend(Backend):
     """Real time: a :class:`autotune.server.Server` and the HTTP load generator."""
 
     mode = "real"
-    source = "measured (HTTP)"
+    source = MEASURED
 
     def __init__(self, server: Any, *, name: str = "vllm", model: str | None = None,
                  endpoint: str = "completions", api_key: str | None = None,

@@ -71,6 +71,17 @@ def test_plan_caps_cost_and_idle_gpus():
     assert "TP=4 x DP=1" in text and "2 idle" in text and "$0.701 per million" in text
 
 
+def test_output_tokens_at_the_cap_never_exceed_the_goodput_at_the_ceiling():
+    # At the ceiling, 63.75 of 70.8 req/s met the SLO: tokens at the cap are the good
+    # ones scaled down, not the cap's rate times tokens per good request.
+    r = rr(4, 70.8, 10437.0, 63.75)
+    plan = plan_deployment([r], 8, headroom=0.1)
+    assert plan.data_parallel_size == 2
+    assert plan.goodput_tokens == pytest.approx(2 * 10437.0)
+    assert plan.output_tokens_per_s_at_cap == pytest.approx(2 * 10437.0 * 0.9)
+    assert plan.output_tokens_per_s_at_cap < plan.goodput_tokens
+
+
 def test_replica_commands_have_their_own_gpus_and_ports():
     plan = plan_deployment([rr(2, 10, 1500, enable_chunked_prefill=False, max_num_seqs=192)],
                            8, base_port=9000)

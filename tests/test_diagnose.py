@@ -110,8 +110,16 @@ def test_memory_imbalance_under_tp() -> None:
 
 
 def test_client_limited_is_a_warning() -> None:
-    (d,) = dg.diagnose(_summary(send_lag_p99_s=0.004), HEALTHY_T, HEALTHY_S)
+    (d,) = dg.diagnose(_summary(send_lag_p99_s=0.004, scheduled_rate=100.0), HEALTHY_T,
+                       HEALTHY_S)
     assert d.code == "client_limited" and d.severity == dg.WARNING and "4.0 ms" in d.evidence
+    # Judged against the gaps between arrivals: 3.7 ms at 1.4 req/s (gaps of 700 ms)
+    # changes nothing, 40 ms does.
+    assert dg.diagnose(_summary(send_lag_p99_s=0.0037, scheduled_rate=1.4), HEALTHY_T,
+                       HEALTHY_S) == []
+    (late,) = dg.diagnose(_summary(send_lag_p99_s=0.040, scheduled_rate=1.4), HEALTHY_T,
+                          HEALTHY_S)
+    assert late.code == "client_limited" and "35.7 ms" in late.evidence
     # All sent at once (rate inf): no schedule to fall behind.
     assert dg.diagnose(_summary(send_lag_p99_s=0.004, scheduled_rate=0.0), HEALTHY_T,
                        HEALTHY_S) == []

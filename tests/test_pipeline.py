@@ -51,12 +51,20 @@ def test_run_search_as_a_library_writes_the_recommendation(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = run_search(SearchOptions(slo_p99="10s", space="llama3-8b-4xa100", num_prompts=300,
                                     warmup=20, n_trials=3, study_name="lib",
-                                    studies_dir=tmp_path / "studies", validate="off"))
-    assert code == 0
+                                    studies_dir=tmp_path / "runs" / "mine", validate="off"))
+    assert code == 0  # --studies-dir is created, whatever its name (its parent too)
     # Before it starts, the search says how long it may take (plain text: no terminal).
     assert "time: 3 trials of 1 to 8 (--max-probes) load tests" in capsys.readouterr().out
-    rec = json.loads((tmp_path / "studies" / "lib" / "recommendation.json").read_text())
+    rec = json.loads((tmp_path / "runs" / "mine" / "lib" / "recommendation.json").read_text())
     assert rec["best"]["max_feasible_rate"] > 0 and rec["validation"] is None
+    # The Optuna study itself says how it was measured (optuna-dashboard shows these).
+    import optuna
+
+    db = tmp_path / "runs" / "mine" / "lib.db"
+    attrs = optuna.load_study(study_name="lib", storage=f"sqlite:///{db}").user_attrs
+    assert attrs["backend"] == "sim" and attrs["source"] == "simulated (virtual time)"
+    assert attrs["profile"].startswith("4xa100-80gb") and attrs["slo"] == "p99:e2e<=10s"
+    assert attrs["workload"].startswith("sharegpt") and "20 warm-up" in attrs["workload"]
 
 
 def test_bad_options_raise_one_error_before_anything_is_written(tmp_path: Path) -> None:

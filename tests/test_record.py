@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import optuna
+import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
@@ -81,3 +82,19 @@ def test_when_the_defaults_are_best_the_recommendation_says_so() -> None:
     # Not "1.00x the defaults": the recommendation is the defaults, at their own ceiling.
     assert rec.vs_baseline["same_config"] is True
     assert "defaults were already the best config" in rec.vs_baseline["note"]
+
+
+def test_versus_the_defaults_on_equal_gpus_and_per_gpu() -> None:
+    from autotune.recommend import equal_gpus
+
+    # TP=4 at 10,000 tok/s against the 1-GPU defaults at 720 tok/s: 13.9x raw, but the
+    # defaults as 4 replicas give 2,880 tok/s on the same GPUs.
+    fair = equal_gpus(10_000.0, 4, 720.0, 1)
+    assert fair is not None and fair["baseline_replicas"] == 4
+    assert fair["goodput_ratio_equal_gpus"] == pytest.approx(10_000 / 2_880)
+    assert fair["goodput_ratio_per_gpu"] == pytest.approx(2_500 / 720)
+    assert "4 replica(s) of 1 GPU(s): 3.47x" in fair["equal_gpus_note"]
+    assert equal_gpus(10_000.0, 1, 720.0, 1) is None  # same GPUs: the plain ratio holds
+    half = equal_gpus(1_000.0, 1, 3_000.0, 4)  # the defaults on more GPUs: per GPU only
+    assert half is not None and "baseline_replicas" not in half
+    assert half["goodput_ratio_per_gpu"] == pytest.approx(4 / 3)

@@ -96,6 +96,10 @@ def test_html_is_valid_and_shows_every_plot(report):
         assert (report.out_dir / src).is_file()
     text = " ".join(page.text)
     assert "SIMULATED" in text and "backend sim" in text and "a100-80gb" in text
+    # The serve line wraps rather than scrolling, with a button that copies it.
+    html = report.html.read_text()
+    assert "white-space: pre-wrap" in html and "overflow-x" not in html
+    assert '<button class="copy"' in html and "clipboard.writeText" in html
 
 
 def test_tables_hold_the_trial_figures(report, sample):
@@ -113,10 +117,13 @@ def test_tables_hold_the_trial_figures(report, sample):
         if r.get("e2e_p99_s") is not None:
             assert f"{r['e2e_p99_s']:.2f}" in page.cells
     assert any("tp_fits_gpus" in c for c in page.cells)
+    assert not any("tp_fits_gpus: tp_fits_gpus" in c for c in page.cells)  # named once
     assert any(c.startswith("backlog") for c in page.cells)
     # The recommendation names the best trial, its cap and the baseline comparison.
     assert "| trial | 4 |" in md and "| rate cap with 10% headroom (req/s) | 19.8 |" in md
     assert "vs vLLM defaults (baseline)" in md
+    # Compared on the same GPUs too: the defaults as replicas on the recommendation's 4.
+    assert "| vs vLLM defaults on equal GPUs | on 4 GPUs, vLLM's defaults run as" in md
     assert "CUDA_VISIBLE_DEVICES=0,1,2,3 vllm serve" in md
     csv_text = report.trials_csv.read_text()
     assert csv_text.count("\n") == len(data.rows) + 1
@@ -296,3 +303,11 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
               and "repeat_of" not in t.user_attrs["result"]}
     assert len(df) == sum(probes.values()) > len(probes)  # every probe of every search
     assert df.groupby("trial").size().to_dict() == probes
+
+
+def test_importances_count_every_finished_config_and_say_so(report):
+    # Infeasible and pruned configs count as 0 goodput rather than vanish: 10 finished
+    # trials, of which 6 met the SLO.
+    note = "parameter importances over 10 finished trials: 6 met the SLO"
+    assert any(note in n for n in report.notes)
+    assert "importances" in report.plots

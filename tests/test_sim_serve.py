@@ -219,3 +219,25 @@ def test_real_time_agrees_with_virtual_time() -> None:
     assert h.output_throughput == pytest.approx(v.output_throughput, rel=0.05)
     assert h.e2e.p99 == pytest.approx(v.e2e.p99, rel=0.10)
     assert h.ttft.p50 == pytest.approx(v.ttft.p50, rel=0.5, abs=0.02)
+
+
+def test_bench_labels_the_simulators_http_server_as_simulated(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from autotune.cli import app
+
+    out = tmp_path / "results.json"
+    with server() as (url, proc):
+        result = CliRunner().invoke(app, [
+            "bench", "--url", url, "--dataset", "synthetic", "--input-len", "8",
+            "--output-len", "4", "--num-prompts", "20", "--warmup", "2", "--rate", "20",
+            "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["summary"]["source"].startswith("simulated server")
+    assert data["run"]["source"] == data["summary"]["source"]
+    assert "measured (HTTP)" not in result.stdout
+    # The profile named no GPU count: the log says how many GPUs that default node has.
+    assert proc.stdout is not None and proc.stderr is not None
+    log = proc.stdout.read() + proc.stderr.read()
+    assert "cpu-tiny's default node of" in log, log

@@ -127,6 +127,20 @@ def test_tp_sweep_scaling_and_a_refused_value() -> None:
     assert res.settings["tensor_parallel_sizes"] == [1, 2, 4, 8]
     assert not any(w.code == "tp_not_compared" for w in res.warnings)
     assert any(w.code == "single_load_level" for w in res.warnings)
+    assert res.knees == {}  # a layout is not a load level: no knee read across TP
+
+
+def test_a_sweep_where_every_point_misses_the_slo_advises_lower_values() -> None:
+    reqs = _requests(300)
+    plan = LoadPlan(slo=parse_slo("50ms"), requests=reqs[100:], warmup_requests=reqs[:100],
+                    warmup=100)
+    spec = SweepSpec(rates=[1, 2], concurrencies=[None], base_flags={"max_num_seqs": 64})
+    res = run_sweep(spec, SimBackend("1xa100-80gb", "llama-3-8b"), plan)
+    assert all(p.result.check is not None and not p.result.check.met for p in res.points)
+    (knee,) = res.knees.values()
+    assert knee.x is None
+    assert "every point misses the SLO: sweep lower values" in knee.why
+    assert "upward" not in knee.why
 
 
 class _Unrestartable(Backend):

@@ -24,6 +24,7 @@ from autotune.cli._common import (
     summary_tables,
     write_json,
 )
+from autotune.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
 
 
 class Dataset(str, Enum):
@@ -169,10 +170,16 @@ def _bench(**opts: object) -> None:
     sim = o.backend is BenchBackend.sim
     flags = _sim_flags(o) if sim else {}
     url = str(o.url).rstrip("/")
+    source = SIMULATED
     if sim:
         model = str(flags.get("model"))
     else:
-        model = o.model or loadgen.fetch_model(url, api_key=o.api_key)
+        # Nothing is sent before the server answers: a dead port is one line, exit 2.
+        served = loadgen.check_server(url, api_key=o.api_key)
+        if not served.models:
+            raise UsageError(f"server at {url} serves no model (GET /v1/models is empty)")
+        model = o.model or served.models[0]
+        source = SIMULATED_HTTP if served.simulated else MEASURED
     total = o.num_prompts + o.warmup
     with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
@@ -184,9 +191,6 @@ def _bench(**opts: object) -> None:
                 tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
                 distribution=o.length_distribution, input_spread=o.length_spread,
                 output_spread=o.length_spread, seed=o.seed)
-    if not sim and o.model:
-        # Nothing is sent before the server answers: a dead port is one line, exit 2.
-        loadgen.check_server(url, api_key=o.api_key)
     for note in wl.notes:
         err_console.print(f"[dim]note:[/] {note}")
     if len(wl.requests) <= o.warmup:
@@ -197,9 +201,9 @@ def _bench(**opts: object) -> None:
 
     if sim or steady is not None:
         summary, records, evidence, where = _run_judged(o, slo, steady, flags, model, url,
-                                                        warm, measured)
+                                                        warm, measured, source)
     else:
-        summary, records = _run_http(o, url, model, warm, measured)
+        summary, records = _run_http(o, url, model, warm, measured, source)
         evidence, where = None, f"{model} at {url}"
 
     for table in summary_tables(summary, title=f"autotune bench: {where}"):
@@ -214,8 +218,9 @@ def _bench(**opts: object) -> None:
     if evidence is not None:
         console.print(f"[bold]verdict: {evidence.verdict}[/] ({'; '.join(evidence.reasons)})",
                       soft_wrap=True)
-    # The rules include the client-limited check (send lag p99 > 1 ms) and the seed
-    # chapter's pitfalls (no warm-up, fixed short prompts, a single stream).
+    # The rules include the client-limited check (send lag p99 over the larger of 1 ms
+    # and 5% of the arrival gap) and the seed chapter's pitfalls (no warm-up, fixed short
+    # prompts, a single stream).
     settings = {"warmup": len(warm), "max_concurrency": o.max_concurrency,
                 **diagnose.workload_settings([r.prompt_tokens for r in wl.requests],
                                              wl.source)}
@@ -296,7 +301,8 @@ def _sim_flags(o: SimpleNamespace) -> dict[str, Any]:
 
 
 def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any], model: str,
-                url: str, warm: list[Any], measured: list[Any]) -> tuple[Any, Any, Any, str]:
+                url: str, warm: list[Any], measured: list[Any], source: str
+                ) -> tuple[Any, Any, Any, str]:
     """One load test through the trial runner: the simulator, or the server at ``url``
     with the steady-state stop rule; progress lines as the evidence comes in."""
     from autotune.server import AttachedServer
@@ -310,7 +316,9 @@ def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any]
         backend = ServerBackend(AttachedServer(url), name="http", model=model,
                                 endpoint=o.endpoint.value, api_key=o.api_key, nvml=False,
                                 transport=o.transport.value)
-        where = f"{model} at {url}"
+        backend.source = source
+        where = f"{model} at {url}" + (" (autotune's simulator)" if source == SIMULATED_HTTP
+                                       else "")
     plan = LoadPlan(slo=slo or SLO(()), requests=measured, warmup_requests=warm,
                     warmup=len(warm), seed=o.seed, process=o.arrival.value,
                     burstiness=o.burstiness, request_timeout_s=o.request_timeout,
@@ -328,8 +336,8 @@ def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any]
     return result.summary, result.records, result.evidence, where
 
 
-def _run_http(o: SimpleNamespace, url: str, model: str, warm: list[Any], measured: list[Any]
-              ) -> tuple[Any, Any]:
+def _run_http(o: SimpleNamespace, url: str, model: str, warm: list[Any], measured: list[Any],
+              source: str) -> tuple[Any, Any]:
     """A fixed-count load test without a verdict, as vLLM's benchmark runs one."""
     from autotune import loadgen
     from autotune.metrics import summarize
@@ -345,5 +353,5 @@ def _run_http(o: SimpleNamespace, url: str, model: str, warm: list[Any], measure
         result = loadgen.run_load_test_sync(
             config, measured, warmup_requests=warm,
             on_progress=lambda done, _total: progress.update(task, completed=done))
-    return summarize(result.records, offered_rate=o.rate, source="measured (HTTP)"), (
+    return summarize(result.records, offered_rate=o.rate, source=source), (
         result.records)

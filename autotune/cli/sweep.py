@@ -29,6 +29,7 @@ from autotune.cli._common import (
     one_line_errors,
     write_json,
 )
+from autotune.metrics import MEASURED, SIMULATED
 
 BACKENDS = ("sim", "vllm", "attach")
 DEFAULT_SIM = ("a100-80gb", "llama-3-8b", 4)
@@ -228,7 +229,7 @@ def _sweep(o: SimpleNamespace) -> None:
     node_gpus = sim[2] if sim else o.gpus
     settings = {"gpus": node_gpus,
                 **workload_settings([r.prompt_tokens for r in wl.requests], wl.source)}
-    label = "simulated (virtual time)" if kind == "sim" else "measured (HTTP)"
+    label = SIMULATED if kind == "sim" else MEASURED
     console.print(f"sweep: {escape(spec.describe())}; backend {kind}"
                   + (f" ({sim[2]}x{sim[0]}, {sim[1]})" if sim else "")
                   + f"; {label}; SLO {slo}; workload {escape(wl.source)}, "

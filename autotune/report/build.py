@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.files import atomic_write
+from autotune.recommend import equal_gpus
 from autotune.report import plots
 from autotune.report.data import (
     ReportError,
@@ -75,24 +76,41 @@ def gather(study_name: str, storage: str | None = None, out_dir: Path | None = N
 
 
 def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
-    """Optuna's default evaluator (PED-ANOVA in Optuna 5), or a note saying why not."""
+    """Optuna's default evaluator (PED-ANOVA in Optuna 5) over what the study optimises:
+    every finished config with its goodput at its ceiling when it met the SLO, and 0 when
+    it did not (infeasible, or pruned below the incumbent).  Over the completed trials
+    alone, the configs that fail are left out and hide the parameters that make them
+    fail.  Returns the importances and a note saying over which trials (or why none)."""
     import optuna
 
-    complete = [t for t in study.get_trials(deepcopy=False)
-                if t.state == optuna.trial.TrialState.COMPLETE]
-    if len(complete) < MIN_TRIALS_FOR_IMPORTANCE:
+    done = [t for t in study.get_trials(deepcopy=False)
+            if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+            and t.params and "repeat_of" not in (t.user_attrs.get("result") or {})]
+    if len(done) < MIN_TRIALS_FOR_IMPORTANCE:
         return None, (f"parameter importances need at least {MIN_TRIALS_FOR_IMPORTANCE} "
-                      f"completed trials; this study has {len(complete)}")
-    if len({t.value for t in complete}) < 2:
+                      f"completed trials; this study has {len(done)}")
+    met = [t for t in done if t.state == optuna.trial.TrialState.COMPLETE
+           and t.user_attrs.get("feasible") and t.value is not None]
+    values = {t.number: (float(t.value) if t in met else 0.0) for t in done}
+    if len(set(values.values())) < 2:
         return None, ("parameter importances: every completed trial has the same objective "
-                      f"value ({complete[0].value:g}), so no parameter explains any change")
+                      f"value ({next(iter(values.values())):g}), so no parameter explains "
+                      "any change")
+    scored = optuna.create_study(direction="maximize")
+    for t in done:
+        scored.add_trial(optuna.trial.create_trial(
+            params=dict(t.params), distributions=dict(t.distributions),
+            value=values[t.number]))
     try:
-        values = optuna.importance.get_param_importances(study)
+        found = optuna.importance.get_param_importances(scored)
     except Exception as exc:  # too little variation, a single distribution, ...
         return None, f"parameter importances could not be computed: {exc}"
-    if not values:
+    if not found:
         return None, "parameter importances: no parameter varied across completed trials"
-    return {k: float(v) for k, v in values.items()}, ""
+    note = (f"parameter importances over {len(done)} finished trials: {len(met)} met the "
+            f"SLO (their goodput at their ceiling); the {len(done) - len(met)} that did not, "
+            "or were pruned below the incumbent, count as 0")
+    return {k: float(v) for k, v in found.items()}, note
 
 
 # ----------------------------------------------------------------------------- derived
@@ -212,8 +230,10 @@ def trials_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Any:
     body = []
     for r in rows:
         why = r.get("reason") or ""
-        if r.get("detail") and not r.get("feasible"):
-            why = f"{why}: {r['detail']}" if why else str(r["detail"])
+        detail = str(r.get("detail") or "")
+        if detail and not r.get("feasible"):
+            # A broken rule's detail already starts with the rule's name.
+            why = detail if not why or detail.startswith(f"{why}:") else f"{why}: {detail}"
         status = "met SLO" if r.get("feasible") else str(r.get("status") or r.get("state"))
         if r.get("baseline"):
             status += " (baseline)"
@@ -308,9 +328,15 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     if base is not None:
         if base.get("feasible") and base.get("goodput_tokens"):
             gain = (best.get("goodput_tokens") or 0) / base["goodput_tokens"] - 1
+            fair = equal_gpus(best.get("goodput_tokens"), best.get("gpus"),
+                              base["goodput_tokens"], base.get("gpus"))
             rows.append(["vs vLLM defaults (baseline)",
                          f"{gain:+.0%} goodput (baseline #{base['trial']}: "
-                         f"{base['goodput_tokens']:,.0f} tok/s)"])
+                         f"{base['goodput_tokens']:,.0f} tok/s"
+                         + (f" on {fair['baseline_gpus']} GPU(s) vs {fair['gpus']}"
+                            if fair else "") + ")"])
+            if fair:
+                rows.append(["vs vLLM defaults on equal GPUs", fair["equal_gpus_note"]])
         else:
             rows.append(["vs vLLM defaults (baseline)",
                          f"baseline #{base['trial']} did not meet the SLO "
@@ -365,8 +391,7 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
         figs["importances"] = plots.importances(
             data.importances, plot_dir / "importances.png", provenance=prov,
             evaluator="Optuna's default evaluator, PED-ANOVA")
-    else:
-        notes.append(data.importance_note)
+    notes.append(data.importance_note)  # over which trials, or why there is no plot
     target = best_row(data) or closest_row(data)
     series = read_timeline(target) if target is not None else {}
     if series:
@@ -402,7 +427,8 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
                    "line joins the trials no other feasible trial beats on both"),
         "importances": ("Parameter importances",
                         "Optuna's get_param_importances with its default evaluator "
-                        "(PED-ANOVA) over the completed trials' objective values"),
+                        "(PED-ANOVA) over every finished trial: its goodput at its "
+                        "ceiling when it met the SLO, 0 when it did not or was pruned"),
         "timeline": ("Telemetry over the load test",
                      "GPU utilisation (NVML) and KV-cache usage (vLLM /metrics) where "
                      "recorded; requests in flight from the client's own windows; each "

@@ -50,7 +50,9 @@ figure { margin: 1.5em 0; } img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #444; }
 .warn { background: #fff3cd; border: 1px solid #e0c060; padding: 0.6em 1em; }
 .note { color: #555; font-size: 0.9em; }
-pre { background: #f6f6f6; padding: 0.7em; overflow-x: auto; font-size: 0.85em; }
+pre { background: #f6f6f6; padding: 0.7em; font-size: 0.85em; white-space: pre-wrap;
+      overflow-wrap: anywhere; }
+.copy { float: right; font-size: 0.8em; }
 """
 
 
@@ -182,7 +184,11 @@ def html_page(page: Page) -> str:
                     f"{_e(b.caption)}</figcaption></figure>")
             elif isinstance(b, Text):
                 if b.kind == "pre":
-                    out.append(f"<pre>{_e(b.text)}</pre>")
+                    # Wrapped, not scrolled: a `vllm serve` line is read whole, and the
+                    # button copies it exactly as printed.
+                    out.append('<button class="copy" type="button" onclick="navigator.'
+                               'clipboard.writeText(this.nextElementSibling.textContent)">'
+                               f"copy</button><pre>{_e(b.text)}</pre>")
                 elif b.kind == "warn":
                     out.append(f'<p class="warn">{_e(b.text)}</p>')
                 elif b.kind == "note":

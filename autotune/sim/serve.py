@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -443,6 +444,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return args, unknown
 
 
+_COUNTED = re.compile(r"^\d+x", re.IGNORECASE)  # a profile name with a GPU count
+
+
 def _model_profile(args: argparse.Namespace) -> tuple[Any, str | None]:
     if args.sim_model:
         return load_model(args.sim_model), None
@@ -474,7 +478,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         enable_chunked_prefill=args.enable_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         block_size=args.block_size)
-    log("INFO", f"non-default args: {config.to_flags()} on {hardware.label} (simulated)")
+    node = hardware.label
+    if not _COUNTED.match(args.profile.strip()):
+        # "a100-80gb" names the GPU, not the node: say how many GPUs that profile has.
+        node += (f" ({args.profile}'s default node of {hardware.gpus} GPUs; "
+                 f"--profile 1x{hardware.name} for one)")
+    log("INFO", f"non-default args: {config.to_flags()} on {node} (simulated)")
 
     stop = {"flag": False}
 

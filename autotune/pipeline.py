@@ -239,14 +239,31 @@ def _validate(o: SearchOptions) -> Plan:
                 steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env)
 
 
-def _study_attrs(plan: Plan, wl: Any, load_plan: Any) -> dict[str, Any]:
-    """What the study stores of how it is measured, beside the SLO and space."""
+SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
+
+
+def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[str, Any]:
+    """What the study stores of how it is measured, beside the SLO and space: plain
+    attributes for people (optuna-dashboard), and the settings another command needs to
+    measure a trial's config the same way."""
     sim = plan.backend == "sim"
+    settings = {
+        "slo": str(plan.slo), "profile": plan.hardware, "sim_model": plan.sim_model,
+        "gpus": plan.gpus, "num_prompts": o.num_prompts, "warmup": o.warmup, "seed": o.seed,
+        "tol": o.tol, "max_probes": o.max_probes, "headroom": o.headroom,
+        "tokenizer": o.tokenizer, "max_model_len": _sample_max_len(o, plan),
+        "min_duration": o.min_duration, "max_duration": o.max_duration,
+        "backlog_share": o.backlog_share}
     return {"backend": plan.backend, "source": SIMULATED if sim else MEASURED,
             "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
             "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
                         f"{load_plan.warmup} warm-up)",
-            "tokenizer": wl.tokenizer}
+            "tokenizer": wl.tokenizer, SETTINGS_ATTR: settings}
+
+
+def _sample_max_len(o: SearchOptions, plan: Plan) -> int:
+    """The longest ShareGPT pair (prompt + output tokens) the workload keeps."""
+    return o.max_model_len or int(plan.space.fixed.get("max_model_len") or 8192)
 
 
 def _check_storage_url(url: str) -> None:
@@ -266,7 +283,7 @@ def _workload(o: SearchOptions, plan: Plan) -> Any:
     from autotune.workload import load_sharegpt
 
     tok = load_tokenizer(o.tokenizer)
-    mml = o.max_model_len or int(plan.space.fixed.get("max_model_len") or 8192)
+    mml = _sample_max_len(o, plan)
     return load_sharegpt(tokenizer=tok, num_prompts=o.num_prompts + o.warmup,
                          max_model_len=mml, seed=o.seed)
 
@@ -479,7 +496,7 @@ def run_search(o: SearchOptions) -> int:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
                             on_probe=view.probe, on_progress=view.progress,
-                            attrs=_study_attrs(plan, wl, load_plan))
+                            attrs=_study_attrs(o, plan, wl, load_plan))
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -10,6 +11,10 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# pytest-xdist's workers export COLUMNS=80, and a rich Console pins the COLUMNS it sees
+# when it is made (the CLI's are made at import): a test that sets COLUMNS for one
+# invocation (CliRunner's env) would not get its width under xdist.
+os.environ.pop("COLUMNS", None)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

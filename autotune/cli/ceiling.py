@@ -12,12 +12,13 @@ import csv
 import io
 import math
 import shlex
+from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
+from click.core import ParameterSource
 
 from autotune.cli._app import app
 from autotune.cli._common import (
@@ -53,8 +54,72 @@ class Dataset(str, Enum):
     synthetic = "synthetic"
 
 
+@dataclass(frozen=True, kw_only=True)
+class CeilingOptions:
+    """What ``autotune ceiling`` was given, after the study's settings were inherited."""
+
+    slo_p99: str | None = None
+    slo: str | None = None
+    backend: Backend | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    tensor_parallel_size: int | None = None
+    gpu_memory_utilization: float | None = None
+    enable_chunked_prefill: bool | None = None
+    max_model_len: int | None = None
+    param: tuple[str, ...] = ()
+    study: str | None = None
+    trial: int | None = None
+    storage: str | None = None
+    studies_dir: Path = Path("studies")
+    profile: str | None = None
+    model_profile: str | None = None
+    gpus: int | None = None
+    url: str | None = None
+    model: str | None = None
+    vllm_cmd: str = "vllm serve"
+    start_rate: float | None = None
+    tol: float = 0.03
+    max_probes: int = 8
+    num_prompts: int = 300
+    max_num_prompts: int = 2400
+    repeats: int = 1
+    headroom: float = 0.10
+    confidence: float = 0.95
+    min_rate: float | None = None
+    warmup: int = 50
+    seed: int = 0
+    no_prune: bool = False
+    dataset: Dataset = Dataset.sharegpt
+    input_len: int = 256
+    output_len: int = 128
+    sample_max_len: int = 2048
+    tokenizer: str | None = None
+    output: Path | None = None
+    csv_path: Path | None = None
+    min_duration: str | None = None
+    max_duration: str | None = None
+    validate: str = "5m"
+    backlog_share: float = 0.02
+
+
+# What a study fixed, read from its "autotune:settings" attribute, by option: every one
+# the user left at its default is taken from the study, so `ceiling --study S --trial N`
+# measures trial N as the search did.
+INHERITED = {
+    "slo_p99": "slo", "profile": "profile", "model_profile": "sim_model", "gpus": "gpus",
+    "num_prompts": "num_prompts", "warmup": "warmup", "seed": "seed", "tol": "tol",
+    "max_probes": "max_probes", "headroom": "headroom", "tokenizer": "tokenizer",
+    "sample_max_len": "max_model_len", "min_duration": "min_duration",
+    "max_duration": "max_duration", "backlog_share": "backlog_share",
+    # The search draws num_prompts (+ warm-up) requests and cycles them: the same pool.
+    "max_num_prompts": "num_prompts",
+}
+
+
 @app.command("ceiling")
 def ceiling(
+    ctx: typer.Context,
     slo_p99: Annotated[str | None, typer.Option(
         help="P99 end-to-end latency limit, e.g. 10s.")] = None,
     slo: Annotated[str | None, typer.Option(
@@ -141,8 +206,15 @@ def ceiling(
     backlog_share: BacklogShare = 0.02,
 ) -> None:
     """Find the highest request rate that meets the SLO with confidence, and a cap."""
+    given = {k: v for k, v in locals().items() if k != "ctx"}
+    given["param"] = tuple(param or ())
     with one_line_errors():
-        code = _ceiling(SimpleNamespace(**locals()))
+        o = CeilingOptions(**given)
+        if o.study is not None:
+            o = inherit(o, _study_settings(o), explicit={
+                k for k in INHERITED | {"slo": ""}
+                if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)})
+        code = _ceiling(o)
     if code:
         raise typer.Exit(code)
 
@@ -176,7 +248,23 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
+def inherit(o: CeilingOptions, settings: dict[str, Any], *, explicit: set[str]
+            ) -> CeilingOptions:
+    """``o`` with every option the user did not give taken from the study's
+    ``settings`` (the SLO only when neither --slo-p99 nor --slo was given)."""
+    changes: dict[str, Any] = {}
+    for option, key in INHERITED.items():
+        if option in explicit or settings.get(key) is None:
+            continue
+        if option == "slo_p99":
+            if "slo" not in explicit:
+                changes["slo_p99"], changes["slo"] = str(settings[key]), None
+            continue
+        changes[option] = settings[key]
+    return replace(o, **changes)
+
+
+def _open_study(o: CeilingOptions) -> Any:
     import optuna
 
     from autotune.study import storage_url
@@ -197,6 +285,18 @@ def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
             url, heartbeat_interval=None, grace_period=None))
     except KeyError:
         raise UsageError(f"no study named {o.study!r} in {mask_url(url)}") from None
+    return st
+
+
+def _study_settings(o: CeilingOptions) -> dict[str, Any]:
+    """What the study's search fixed (empty for a study made before it was stored)."""
+    from autotune.pipeline import SETTINGS_ATTR
+
+    return dict(_open_study(o).user_attrs.get(SETTINGS_ATTR) or {})
+
+
+def _study_flags(o: CeilingOptions) -> dict[str, Any]:
+    st = _open_study(o)
     found = [t for t in st.get_trials(deepcopy=False) if t.number == o.trial]
     if not found:
         raise UsageError(f"study {o.study!r} has no trial {o.trial} "
@@ -204,7 +304,7 @@ def _study_flags(o: SimpleNamespace) -> dict[str, Any]:
     return StoredTrial.of(found[0]).flags
 
 
-def config_flags(o: SimpleNamespace) -> dict[str, Any]:
+def config_flags(o: CeilingOptions) -> dict[str, Any]:
     """The server config from --study/--trial, then the flags, then --param."""
     flags: dict[str, Any] = {}
     if o.study is not None or o.trial is not None:
@@ -223,7 +323,7 @@ def config_flags(o: SimpleNamespace) -> dict[str, Any]:
     return flags
 
 
-def _sim_profile(o: SimpleNamespace) -> tuple[str, str, int]:
+def _sim_profile(o: CeilingOptions) -> tuple[str, str, int]:
     from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
@@ -242,7 +342,7 @@ def _sim_profile(o: SimpleNamespace) -> tuple[str, str, int]:
     return hw, mdl, count
 
 
-def _check_numbers(o: SimpleNamespace) -> None:
+def _check_numbers(o: CeilingOptions) -> None:
     if not o.tol > 0:
         raise UsageError(f"--tol must be greater than 0 (e.g. 0.03 for 3%), got {o.tol:g}")
     if o.start_rate is not None and not (o.start_rate > 0 and math.isfinite(o.start_rate)):
@@ -260,7 +360,7 @@ def _check_numbers(o: SimpleNamespace) -> None:
 # ----------------------------------------------------------------------------- build
 
 
-def _workload(o: SimpleNamespace, total: int, server_url: str | None) -> Any:
+def _workload(o: CeilingOptions, total: int, server_url: str | None) -> Any:
     from autotune import tokenizer, workload
 
     tok = tokenizer.load_tokenizer(o.tokenizer, server_url=server_url, model=o.model)
@@ -272,7 +372,7 @@ def _workload(o: SimpleNamespace, total: int, server_url: str | None) -> Any:
                                        input_spread=0.5, output_spread=0.5, seed=o.seed)
 
 
-def _backend(o: SimpleNamespace, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
+def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
     """The trial backend and a one-line description of where probes run."""
     from autotune.trial import ServerBackend, SimBackend
 
@@ -390,7 +490,7 @@ def details(result: Any) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
-def _ceiling(o: SimpleNamespace) -> int:
+def _ceiling(o: CeilingOptions) -> int:
     from autotune.ceiling import BackendProbe, check_settings, find_ceiling
     from autotune.slo import combine
 

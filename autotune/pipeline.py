@@ -254,6 +254,11 @@ def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[
         "tokenizer": o.tokenizer, "max_model_len": _sample_max_len(o, plan),
         "min_duration": o.min_duration, "max_duration": o.max_duration,
         "backlog_share": o.backlog_share}
+    from autotune.study import rate_bounds
+
+    bounds = rate_bounds(plan.space)
+    if bounds is not None:
+        settings["min_rate"], settings["max_rate"] = bounds
     return {"backend": plan.backend, "source": SIMULATED if sim else MEASURED,
             "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
             "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
@@ -469,7 +474,11 @@ def run_search(o: SearchOptions) -> int:
     if not o.storage:
         # --studies-dir is autotune's own output folder (only a --storage URL names a
         # folder that must already exist).
-        Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OptionsError(f"--studies-dir {o.studies_dir}: cannot create it "
+                               f"({exc.strerror or exc})") from None
     storage = open_storage(plan.storage)
     out = console
     rule = plan.steady

@@ -207,3 +207,31 @@ def test_attach_refuses_config_flags(sim_server: SimServer) -> None:
     code, _, stderr = ceiling("--slo-p99", "1s", "--url", sim_server.endpoint,
                               "--max-num-seqs", "8")
     assert code == 2 and "cannot restart it" in stderr
+
+
+def test_ceiling_of_a_study_trial_measures_it_as_the_search_did(tmp_path: Path) -> None:
+    """`ceiling --study S --trial 0` with nothing else inherits the study's profile,
+    GPUs, workload, SLO, warm-up, seed and search settings, and finds trial 0's ceiling
+    (vLLM's defaults, the trial with no incumbent to beat) exactly as the search did."""
+    import optuna
+
+    from autotune.record import StoredTrial
+
+    studies = tmp_path / "studies"
+    search = runner.invoke(app, [
+        "search", "--slo-p99", "20s", "--space", "llama3-8b-4xa100", "--n-trials", "1",
+        "--num-prompts", "200", "--warmup", "20", "--seed", "7", "--tol", "0.1",
+        "--max-probes", "4", "--validate", "off", "--study-name", "inh",
+        "--studies-dir", str(studies)])
+    assert search.exit_code == 0, search.output
+    study = optuna.load_study(study_name="inh", storage=f"sqlite:///{studies / 'inh.db'}")
+    searched = StoredTrial.of(study.trials[0]).ceiling
+    out = tmp_path / "c.json"
+    code, stdout, stderr = ceiling("--study", "inh", "--trial", "0", "--studies-dir",
+                                   str(studies), "--validate", "off", "--output", str(out))
+    assert code == 0, stderr
+    got = json.loads(out.read_text())
+    assert got["slo"] == "p99:e2e<=20s" and got["tol"] == 0.1  # inherited
+    assert "4xa100-80gb" in stdout  # the study's hardware, not ceiling's 1-GPU default
+    assert got["feasible_max"] == pytest.approx(searched["feasible_max"])
+    assert got["infeasible_min"] == pytest.approx(searched["infeasible_min"])

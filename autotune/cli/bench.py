@@ -170,16 +170,16 @@ def _bench(**opts: object) -> None:
     sim = o.backend is BenchBackend.sim
     flags = _sim_flags(o) if sim else {}
     url = str(o.url).rstrip("/")
-    source = SIMULATED
+    served = None
     if sim:
         model = str(flags.get("model"))
+    elif o.model:
+        model = o.model
     else:
-        # Nothing is sent before the server answers: a dead port is one line, exit 2.
         served = loadgen.check_server(url, api_key=o.api_key)
         if not served.models:
             raise UsageError(f"server at {url} serves no model (GET /v1/models is empty)")
-        model = o.model or served.models[0]
-        source = SIMULATED_HTTP if served.simulated else MEASURED
+        model = served.models[0]
     total = o.num_prompts + o.warmup
     with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
@@ -191,6 +191,11 @@ def _bench(**opts: object) -> None:
                 tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
                 distribution=o.length_distribution, input_spread=o.length_spread,
                 output_spread=o.length_spread, seed=o.seed)
+    source = SIMULATED
+    if not sim:
+        # Nothing is sent before the server answers: a dead port is one line, exit 2.
+        served = served or loadgen.check_server(url, api_key=o.api_key)
+        source = SIMULATED_HTTP if served.simulated else MEASURED
     for note in wl.notes:
         err_console.print(f"[dim]note:[/] {note}")
     if len(wl.requests) <= o.warmup:

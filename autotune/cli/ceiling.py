@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from click.core import ParameterSource
 
 from autotune.cli._app import app
 from autotune.cli._common import (
@@ -81,13 +80,14 @@ class CeilingOptions:
     start_rate: float | None = None
     tol: float = 0.03
     max_probes: int = 8
-    num_prompts: int = 300
+    num_prompts: int = 1000
     max_num_prompts: int = 2400
     repeats: int = 1
     headroom: float = 0.10
     confidence: float = 0.95
     min_rate: float | None = None
-    warmup: int = 50
+    max_rate: float | None = None
+    warmup: int = 100
     seed: int = 0
     no_prune: bool = False
     dataset: Dataset = Dataset.sharegpt
@@ -112,8 +112,7 @@ INHERITED = {
     "max_probes": "max_probes", "headroom": "headroom", "tokenizer": "tokenizer",
     "sample_max_len": "max_model_len", "min_duration": "min_duration",
     "max_duration": "max_duration", "backlog_share": "backlog_share",
-    # The search draws num_prompts (+ warm-up) requests and cycles them: the same pool.
-    "max_num_prompts": "num_prompts",
+    "min_rate": "min_rate", "max_rate": "max_rate",
 }
 
 
@@ -169,8 +168,9 @@ def ceiling(
         help="Stop when feasible and infeasible rates are this close (relative).")] = 0.03,
     max_probes: Annotated[int, typer.Option(help="Load tests the search may run.")] = 8,
     num_prompts: Annotated[int, typer.Option(
-        help="Fewest measured requests a probe needs to pass (probes are sized by time "
-             "too: --min-duration).")] = 300,
+        help="Requests drawn from the dataset (cycled by longer probes), and the fewest "
+             "a probe judges before it may pass (probes are sized by time too: "
+             "--min-duration).")] = 1000,
     max_num_prompts: Annotated[int, typer.Option(
         help="Most measured requests one probe may be raised to.")] = 2400,
     repeats: Annotated[int, typer.Option(
@@ -181,7 +181,10 @@ def ceiling(
         help="Confidence of the upper bound on each percentile.")] = 0.95,
     min_rate: Annotated[float | None, typer.Option(
         help="Lowest rate to try when probes keep failing (default start / 32).")] = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per probe.")] = 50,
+    max_rate: Annotated[float | None, typer.Option(
+        help="Highest rate to try (default: none; with --study, the space's top "
+             "request_rate).")] = None,
+    warmup: Annotated[int, typer.Option(help="Warm-up requests per probe.")] = 100,
     seed: Annotated[int, typer.Option(help="Seed of workload and arrivals.")] = 0,
     no_prune: Annotated[bool, typer.Option(
         "--no-prune", help="Run every probe to the end.")] = False,
@@ -211,9 +214,11 @@ def ceiling(
     with one_line_errors():
         o = CeilingOptions(**given)
         if o.study is not None:
+            # Given on the command line or in the environment: anything but a default.
+            # (By name: typer ships its own copy of click's ParameterSource.)
             o = inherit(o, _study_settings(o), explicit={
                 k for k in INHERITED | {"slo": ""}
-                if ctx.get_parameter_source(k) not in (ParameterSource.DEFAULT, None)})
+                if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") != "DEFAULT"})
         code = _ceiling(o)
     if code:
         raise typer.Exit(code)
@@ -506,18 +511,19 @@ def _ceiling(o: CeilingOptions) -> int:
         raise UsageError("--backend attach needs --url of the running server")
     flags = config_flags(o)
     # Fail on search settings before any workload is built or server touched.
-    need = check_settings(slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
-                          num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
-                          repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
-                          min_rate=o.min_rate)
+    check_settings(slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
+                   num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
+                   repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
+                   min_rate=o.min_rate)
     from autotune.options import parse_steady, parse_validate
 
     steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
     validate_s = parse_validate(o.validate)
     backend, where = _backend(o, kind, flags)
     try:
-        per_probe = max(o.num_prompts, need)
-        total = max(o.max_num_prompts, per_probe) + o.warmup
+        # As the search draws its pool: num_prompts measured requests (each probe, sized
+        # by time, cycles them) after the warm-up ones.
+        total = o.num_prompts + o.warmup
         wl = _workload(o, total, o.url if kind == "attach" else None)
         pool = list(wl.requests)
         simulated = kind == "sim"
@@ -537,7 +543,7 @@ def _ceiling(o: CeilingOptions) -> int:
             probe, slo=slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
             repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
-            min_rate=o.min_rate,
+            min_rate=o.min_rate, max_rate=o.max_rate,
             on_probe=lambda p: out.print(probe_line(p, simulated), soft_wrap=True,
                                          highlight=False))
         if validate_s and result.recommended_cap:

@@ -252,20 +252,6 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def parse_gpus(text: str | None) -> list[int] | None:
-    """``"0,1"`` -> ``[0, 1]``; None or ``""`` -> None (all GPUs the host shows)."""
-    if text is None or not text.strip():
-        return None
-    try:
-        ids = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise StudyError(f"--gpus must be comma-separated GPU indices like 0,1, got "
-                         f"{text!r}") from None
-    if not ids or any(i < 0 for i in ids) or len(set(ids)) != len(ids):
-        raise StudyError(f"--gpus must list distinct GPU indices >= 0, got {text!r}")
-    return ids
-
-
 # ----------------------------------------------------------------------------- joining
 
 

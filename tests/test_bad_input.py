@@ -183,8 +183,8 @@ CASES: list[Case] = [
      {}, "db-retry"),
     ("worker-wait-neg", ["worker", "--study", "s", "--storage", PG, "--wait", "-5s"], {},
      "-5s"),
-    ("worker-gpus-not-numbers", ["worker", "--study", "s", "--storage", PG, "--gpus", "a,b"],
-     {}, "gpus"),
+    ("worker-gpus-not-numbers", ["worker", "--study", "s", "--storage", PG, "--gpu-ids",
+                                 "a,b"], {}, "gpu-ids"),
 ]
 
 

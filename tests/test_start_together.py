@@ -211,7 +211,8 @@ def _search_and_workers(tmp: Path, url: str, name: str) -> None:
               "--studies-dir", str(tmp / "studies")]
     search = ["search", "--study-name", name, "--slo", "p90:e2e<=1s", "--validate", "off",
               "--refine-top", "0", *common]
-    worker = ["worker", "--study", name, "--slo", "p90:e2e<=1s", "--input-len", "16",
+    worker = ["worker", "--study", name, "--slo", "p90:e2e<=1s", "--dataset", "synthetic",
+              "--input-len", "16",
               "--output-len", "8", "--heartbeat-interval", "1", "--grace-period", "5",
               "--poll-s", "0.2", *common]
     procs = [_cli(tmp, "search", search)]

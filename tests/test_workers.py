@@ -174,7 +174,8 @@ def http_worker_args(tmp: Path, model: str) -> list[str]:
     space.write_text(TINY_SPACE.format(model=model, high=64))
     cmd = f"{sys.executable} -m autotune.testing.fake_server --token-delay-ms 1"
     return ["--backend", "vllm", "--vllm-cmd", cmd, "--model", model, "--space", str(space),
-            "--slo", "10s", "--input-len", "16", "--output-len", "8"]
+            "--slo", "10s", "--dataset", "synthetic", "--input-len", "16",
+            "--output-len", "8"]
 
 
 # ----------------------------------------------------------------------------- pure

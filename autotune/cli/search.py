@@ -12,7 +12,16 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import BacklogShare, MaxDuration, MinDuration, one_line_errors
+from autotune.cli._common import (
+    NUM_PROMPTS,
+    WARMUP,
+    BacklogShare,
+    MaxDuration,
+    MinDuration,
+    NumPrompts,
+    Warmup,
+    one_line_errors,
+)
 
 
 @app.command("search")
@@ -49,10 +58,8 @@ def search(
         help="tokens (goodput output tok/s) or requests (goodput req/s).")] = "tokens",
     per_gpu: Annotated[bool, typer.Option(
         help="Divide the objective by the GPUs a config uses.")] = False,
-    num_prompts: Annotated[int, typer.Option(
-        help="Fewest measured requests a load test needs to pass (it is sized by "
-             "time too: --min-duration).")] = 1000,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests per trial.")] = 100,
+    num_prompts: NumPrompts = NUM_PROMPTS,
+    warmup: Warmup = WARMUP,
     seed: Annotated[int, typer.Option(help="Seed of workload, arrivals and sampler.")] = 0,
     prescreen: Annotated[str | None, typer.Option(
         help="'sim': run the study in virtual time first, then measure its top configs.")

@@ -21,8 +21,13 @@ from rich.table import Table
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    NUM_PROMPTS,
+    WARMUP,
     MaxDuration,
+    NumPrompts,
+    Seed,
     UsageError,
+    Warmup,
     atomic_write,
     console,
     err_console,
@@ -32,7 +37,6 @@ from autotune.cli._common import (
 from autotune.metrics import MEASURED, SIMULATED
 
 BACKENDS = ("sim", "vllm", "attach")
-DEFAULT_SIM = ("a100-80gb", "llama-3-8b", 4)
 PLOTTED = (
     ("request_throughput", "request throughput (req/s)"),
     ("output_throughput", "output tokens/s"),
@@ -71,9 +75,8 @@ def sweep(
              "command does not end in 'serve').")] = "vllm serve",
     url: Annotated[str | None, typer.Option(
         help="Attach to this running server (client-side sweeps only).")] = None,
-    num_prompts: Annotated[int, typer.Option(help="Measured requests per point.")] = 1000,
-    warmup: Annotated[int, typer.Option(
-        help="Warm-up requests per point, excluded from every figure.")] = 200,
+    num_prompts: NumPrompts = NUM_PROMPTS,
+    warmup: Warmup = WARMUP,
     dataset: Annotated[str, typer.Option(help="sharegpt or synthetic.")] = "sharegpt",
     input_len: Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")] = 256,
     output_len: Annotated[int, typer.Option(help="Synthetic: mean output tokens.")] = 128,
@@ -95,13 +98,14 @@ def sweep(
         help="Knee: tokens/s gains under this share on the next step ...")] = 0.10,
     knee_rise: Annotated[float, typer.Option(
         help="... while P99 rises over this share.")] = 0.50,
-    seed: Annotated[int, typer.Option(help="Seed of workload and arrivals.")] = 0,
+    seed: Seed = 0,
     min_duration: Annotated[str | None, typer.Option(
         help="Arrivals of each point last at least this long before it may pass "
              "(default max(60s, 6x the largest latency limit)); 'count' for fixed-count "
              "points of --num-prompts requests, as vllm bench serve runs them.")] = None,
     max_duration: MaxDuration = None,
     out: Annotated[Path | None, typer.Option(
+        "--output", "--out",
         help="Output folder (default studies/sweep-<timestamp>).")] = None,
     no_plot: Annotated[bool, typer.Option("--no-plot", help="Skip the PNG plots.")] = False,
 ) -> None:
@@ -160,15 +164,12 @@ def _positive(o: SimpleNamespace) -> None:
 
 
 def _sim_profile(o: SimpleNamespace, spec: Any) -> tuple[str, str, int]:
-    hw, mdl, count = DEFAULT_SIM
-    if o.profile:
-        head, _, tail = o.profile.partition(":")
-        hw, mdl = head.strip() or hw, tail.strip() or mdl
+    from autotune.options import parse_profile
+
+    hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
         mdl = o.model_profile
-    if o.gpus is not None:
-        count = o.gpus
-    elif spec.param == "tensor_parallel_size":
+    if o.gpus is None and spec.param == "tensor_parallel_size":
         count = max(count, *(int(v) for v in spec.values))
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
 

@@ -11,9 +11,14 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    NUM_PROMPTS,
+    WARMUP,
     BacklogShare,
     MaxDuration,
     MinDuration,
+    NumPrompts,
+    Seed,
+    Warmup,
     console,
     err_console,
     fail,
@@ -34,9 +39,10 @@ def worker(
         help="postgresql://USER@HOST/DB, mysql://..., or journal:PATH (a file on a shared "
              "filesystem). Keep the password out of the command line: libpq reads "
              "PGPASSWORD, or set the whole URL in AUTOTUNE_STORAGE.")],
-    gpus: Annotated[str | None, typer.Option(
-        help="GPU indices this worker's server uses, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES); "
-             "configs needing more GPUs are never launched.")] = None,
+    gpu_ids: Annotated[str | None, typer.Option(
+        help="GPU ids this worker's server uses, e.g. 0,1 (sets CUDA_VISIBLE_DEVICES), "
+             "as in `search --gpu-ids`; configs needing more GPUs are never "
+             "launched.")] = None,
     n_trials: Annotated[int | None, typer.Option(
         help="Finished trials the whole study should reach (all workers together); "
              "default: the study's.")] = None,
@@ -57,11 +63,17 @@ def worker(
         "tokens"),
     sampler: Annotated[str, typer.Option(help="tpe, gp, random or grid (with --space).")] = (
         "tpe"),
-    num_prompts: Annotated[int, typer.Option(help="Measured requests per load test.")] = 200,
-    warmup: Annotated[int, typer.Option(help="Warm-up requests, excluded from figures.")] = 20,
+    num_prompts: NumPrompts = NUM_PROMPTS,
+    warmup: Warmup = WARMUP,
+    dataset: Annotated[str, typer.Option(
+        help="sharegpt (the realistic mixed workload every command uses by default) or "
+             "synthetic (--input-len/--output-len).")] = "sharegpt",
+    max_model_len: Annotated[int, typer.Option(
+        help="ShareGPT: drop pairs whose prompt + output exceed this (the server's "
+             "context length).")] = 8192,
     input_len: Annotated[int, typer.Option(help="Synthetic prompt tokens (mean).")] = 256,
     output_len: Annotated[int, typer.Option(help="Synthetic output tokens (mean).")] = 128,
-    seed: Annotated[int, typer.Option(help="Workload and arrival seed.")] = 0,
+    seed: Seed = 0,
     studies_dir: Annotated[Path, typer.Option(
         help="Where this host writes logs and records.")] = Path("studies"),
     heartbeat_interval: Annotated[int, typer.Option(
@@ -85,8 +97,9 @@ def worker(
 ) -> None:
     """Join STUDY in a shared storage and run trials until it holds --n-trials."""
 
+    from autotune.options import parse_gpu_ids
     from autotune.storage import scrub
-    from autotune.worker import StudySpec, WorkerOptions, parse_gpus, run_worker, space_to_dict
+    from autotune.worker import StudySpec, WorkerOptions, run_worker, space_to_dict
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from autotune.optuna_adapter import quiet_logging
@@ -106,6 +119,8 @@ def worker(
                                  ("--grace-period", grace_period, 1)):
             if value is not None and value < low:
                 raise fail(f"{flag} must be >= {low}, got {value}")
+        if dataset not in ("sharegpt", "synthetic"):
+            raise fail(f"--dataset {dataset!r}: give sharegpt or synthetic")
         if not db_retry_s >= 0:
             raise fail(f"--db-retry-s must be >= 0 seconds, got {db_retry_s:g}")
         if space is not None and slo is not None:
@@ -117,17 +132,20 @@ def worker(
             spec = StudySpec(
                 space=space_to_dict(sp), slo=str(parse_slo(slo)), objective=objective,
                 sampler=sampler, seed=seed, n_trials=n_trials,
-                gpus=len(parse_gpus(gpus) or []) or sp.profile.get("gpus"),
-                workload={"kind": "synthetic", "num_prompts": num_prompts,
-                          "input_len": input_len, "output_len": output_len,
-                          "distribution": "fixed", "seed": seed},
+                gpus=len(parse_gpu_ids(gpu_ids) or []) or sp.profile.get("gpus"),
+                workload=({"kind": "sharegpt", "num_prompts": num_prompts,
+                           "max_model_len": max_model_len, "seed": seed}
+                          if dataset == "sharegpt" else
+                          {"kind": "synthetic", "num_prompts": num_prompts,
+                           "input_len": input_len, "output_len": output_len,
+                           "distribution": "fixed", "seed": seed}),
                 load={"warmup": warmup, "process": "poisson", "burstiness": 1.0,
                       "window_s": 1.0, "request_timeout_s": 600.0, "max_concurrency": None,
                       "seed": seed, "min_duration_s": duration("--min-duration", min_duration),
                       "max_duration_s": duration("--max-duration", max_duration),
                       "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol})
         opts = WorkerOptions(
-            study=study, storage=storage, spec=spec, gpus=parse_gpus(gpus), n_trials=n_trials,
+            study=study, storage=storage, spec=spec, gpus=parse_gpu_ids(gpu_ids), n_trials=n_trials,
             backend=backend.value, vllm_cmd=vllm_cmd, model=model, studies_dir=studies_dir,
             heartbeat_interval=heartbeat_interval, grace_period=grace_period,
             retry_s=db_retry_s, pace_s=pace_s, poll_s=poll_s, wait_s=_wait_s(wait))

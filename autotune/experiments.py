@@ -65,7 +65,12 @@ COLUMNS: tuple[str, ...] = (
     "source",
     "num_measured",
     "duration_s",
+    "purpose",  # what the load test was for: PURPOSES
 )
+# Why a load test ran: a trial's own rate search, the refinement of a top config's
+# ceiling after the study, or the validation run of the recommended cap.  The rate table
+# is read from the trial's and the validation's rows (it runs no test of its own).
+PURPOSES = ("trial", "refinement", "validation")
 
 
 class ExperimentsError(AutotuneError, ValueError):
@@ -162,6 +167,7 @@ def row_from_summary(
     gpu: Mapping[str, Any] | None = None,
     pruned_reason: str | None = None,
     time: str | None = None,
+    purpose: str = "trial",
 ) -> dict[str, Any]:
     """An experiments row from a ``Summary.to_dict()`` and the trial's context.
 
@@ -198,6 +204,7 @@ def row_from_summary(
         "gpu_util_max_pct": (gpu or {}).get("util_max_pct"),
         "pruned": pruned_reason is not None,
         "pruned_reason": pruned_reason,
+        "purpose": purpose,
         "backend": backend,
         "source": summary.get("source"),
         "num_measured": summary.get("num_measured"),

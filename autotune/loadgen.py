@@ -200,6 +200,7 @@ class Served:
 
     models: list[str]
     simulated: bool
+    max_model_len: int | None = None  # vLLM reports its context length per model
 
 
 def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> Served:
@@ -210,9 +211,12 @@ def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) 
     except httpx.HTTPError as exc:
         raise _unreachable(base, exc) from None
     models = _models_from(base, response.status_code, response.content)
-    owners = {str(m.get("owned_by")) for m in json.loads(response.content)["data"]
-              if isinstance(m, dict)}
-    return Served(models=models, simulated=SIMULATOR_OWNER in owners)
+    cards = [m for m in json.loads(response.content)["data"] if isinstance(m, dict)]
+    owners = {str(m.get("owned_by")) for m in cards}
+    lengths = [m["max_model_len"] for m in cards
+               if isinstance(m.get("max_model_len"), int) and m["max_model_len"] > 0]
+    return Served(models=models, simulated=SIMULATOR_OWNER in owners,
+                  max_model_len=lengths[0] if lengths else None)
 
 
 def fetch_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:

@@ -13,6 +13,7 @@ import json
 import math
 import re
 import shlex
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -500,6 +501,7 @@ def run_search(o: SearchOptions) -> int:
     if o.prescreen:
         enqueue = _prescreen(o, plan, load_plan, storage, out)
     backend = _backend(o, plan)
+    phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
     try:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
@@ -513,15 +515,20 @@ def run_search(o: SearchOptions) -> int:
             objective=("output tok/s" if o.objective == "tokens" else "req/s")
             + (" per GPU" if o.per_gpu else ""),
             headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        phases["study"] = run.wall_s
         if o.refine_top:
+            t0 = time.monotonic()
             ceilings = _refine(o, plan, run, backend, load_plan, out)
             rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
                                          objective=o.objective, per_gpu=o.per_gpu)
+            phases["refinement"] = time.monotonic() - t0
         if plan.backend == "attach":
             rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
                                 "cannot see its flags; keep them and enforce the rate cap)")
         if plan.validate_s and rec.rate_cap:
+            t0 = time.monotonic()
             _validate_cap(rec, backend, load_plan, plan, out)
+            phases["validation"] = time.monotonic() - t0
         _rate_table(rec, run.study, backend)
     except rec_mod.RecommendError as exc:
         text = str(exc)
@@ -559,7 +566,11 @@ def run_search(o: SearchOptions) -> int:
     md = rec_mod.to_markdown(rec)
     atomic_write(folder / "recommendation.md", md)
     _print(out, rec, folder)
+    t0 = time.monotonic()
     _report(plan, out)
+    phases["report"] = time.monotonic() - t0
+    out.print("wall time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+              + f" ({sum(phases.values()):.1f} s in all)", soft_wrap=True)
     return 0
 
 
@@ -685,8 +696,13 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Conso
     out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
               f"{plan.validate_s / 60:g} min ({how}); a failed run steps the cap down 5%",
               soft_wrap=True)
+    from autotune.study import append_load_test
+
     val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
                        duration_s=float(plan.validate_s or 300.0),
+                       on_result=lambda res: append_load_test(
+                           plan.settings.out_dir, plan.name, rec.best.trial, res,
+                           "validation"),
                        on_run=lambda r: out.print(
                            f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
                            soft_wrap=True, highlight=False))

@@ -515,7 +515,8 @@ class Objective:
         else:
             for p in ceiling.probes:
                 if p.summary is not None:
-                    _append_probe(self.s, trial.number, result, p)
+                    _append_probe(self.s.out_dir, self.s.name, trial.number, result.flags,
+                                  result.backend, p)
 
 
 @dataclass
@@ -584,18 +585,34 @@ def _f(x: float) -> float | None:
     return None if x is None or math.isnan(x) or math.isinf(x) else float(x)
 
 
-def _append_probe(settings: StudySettings, number: int, result: TrialResult, probe: Any
-                  ) -> None:
-    """One row per load test of the trial's ceiling search."""
+def _append_probe(out_dir: Path, study: str, number: int, flags: Mapping[str, Any],
+                  backend: str | None, probe: Any, purpose: str = "trial") -> None:
+    """One row per load test of a ceiling search (a trial's, or a refinement's)."""
     from autotune.experiments import append_experiment, row_from_summary
 
     row = row_from_summary(
-        probe.summary.to_dict(), study=settings.name, trial=number, config=result.flags,
-        rate=probe.rate, backend=result.backend,
+        probe.summary.to_dict(), study=study, trial=number, config=flags,
+        rate=probe.rate, backend=backend,
         gpu={"util_mean_pct": None if probe.gpu_util is None else 100.0 * probe.gpu_util,
              "util_max_pct": None},
-        pruned_reason=None if probe.passed else probe.verdict)
-    append_experiment(settings.out_dir / "experiments.csv", row)
+        pruned_reason=None if probe.passed else probe.verdict, purpose=purpose)
+    append_experiment(out_dir / "experiments.csv", row)
+
+
+def append_load_test(out_dir: Path, study: str, number: int | None, result: TrialResult,
+                     purpose: str) -> None:
+    """One row for a load test outside a ceiling search (the validation run)."""
+    from autotune.experiments import append_experiment, row_from_summary
+
+    if result.summary is None:
+        return
+    row = row_from_summary(
+        result.summary.to_dict(), study=study, trial=number, config=result.flags,
+        rate=result.rate, backend=result.backend,
+        gpu={"util_mean_pct": result.telemetry.get("gpu_util_mean_pct"),
+             "util_max_pct": result.telemetry.get("gpu_util_max_pct")},
+        pruned_reason=None if result.status != PRUNED else result.reason, purpose=purpose)
+    append_experiment(out_dir / "experiments.csv", row)
 
 
 def _append_experiment(settings: StudySettings, number: int, result: TrialResult) -> None:
@@ -864,6 +881,11 @@ def refine_ceilings(
                                  result=result)
         if out_dir is not None:
             import json
+
+            for p in result.probes:
+                if p.summary is not None:
+                    _append_probe(out_dir, out_dir.name, row.number, config,
+                                  getattr(backend, "name", None), p, purpose="refinement")
 
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / f"ceiling-trial-{row.number}.json"

@@ -277,10 +277,12 @@ def overload_verdict(result: TrialResult, plan: LoadPlan,
         # The steady-state evidence: the same reading as every verdict.
         if ev.backlog_lower is not None and ev.backlog_lower > ev.backlog_allowed:
             return True, f"queueing: backlog grows {ev.backlog_slope:.3g} req/s"
+        # Judged on the steady-state evidence; said with the figures the table shows
+        # (its rate and req/s columns), so the text and the columns never disagree.
+        said = f"serves {s.request_throughput:.1f} of {result.rate:.1f} req/s"
         if ev.served_rate < SERVED_SHARE * ev.arrival_rate:
-            return True, f"serves {ev.served_rate:.1f} of {ev.arrival_rate:.1f} req/s"
-        return False, (f"backlog steady, serves {ev.served_rate:.1f} of "
-                       f"{ev.arrival_rate:.1f} req/s")
+            return True, said
+        return False, f"backlog steady, {said}"
     decision = decide(result.windows, plan.slo, planned=len(plan.requests),
                       settings=PrunerSettings(rules=(UNBOUNDED_BACKLOG,)))
     offered = s.scheduled_rate
@@ -290,10 +292,10 @@ def overload_verdict(result: TrialResult, plan: LoadPlan,
         return True, f"queueing: {trend}"
     if not offered > 0 or math.isinf(offered):
         return None, "closed loop: the concurrency cap sets the load"
+    said = f"serves {s.request_throughput:.1f} of {result.rate:.1f} req/s"
     if served is not None and served < SERVED_SHARE * offered:
-        return True, f"serves {served:.1f} of {offered:.1f} req/s"
-    return False, ("backlog steady" if served is None
-                   else f"backlog steady, serves {served:.1f} of {offered:.1f} req/s")
+        return True, said
+    return False, "backlog steady" if served is None else f"backlog steady, {said}"
 
 
 # ----------------------------------------------------------------------------- real telemetry

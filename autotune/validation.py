@@ -96,6 +96,7 @@ def validate_cap(
     duration_s: float = DEFAULT_VALIDATE_S,
     max_steps: int = 4,
     on_run: Callable[[ValidationRun], None] | None = None,
+    on_result: Callable[[TrialResult], None] | None = None,
 ) -> Validation:
     """Run ``flags`` at ``cap`` for ``duration_s``; on a fail or an inconclusive run,
     step the rate down 5% and run again (at most ``max_steps`` more times)."""
@@ -112,6 +113,8 @@ def validate_cap(
         res = evaluate(backend, flags, rate, long_plan)
         run = _run_of(res, rate, backend.source)
         out.runs.append(run)
+        if on_result is not None:  # the whole result, e.g. for experiments.csv
+            on_result(res)
         if on_run is not None:
             on_run(run)
         if run.verdict == PASS or res.summary is None:

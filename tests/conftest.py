@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # when it is made (the CLI's are made at import): a test that sets COLUMNS for one
 # invocation (CliRunner's env) would not get its width under xdist.
 os.environ.pop("COLUMNS", None)
+# pytest-xdist's workers ignore SIGINT (the controller handles Ctrl-C); an ignored signal
+# is inherited across exec, so every process a test starts would ignore Ctrl-C too, and
+# autotune rightly leaves an ignored signal alone.  Tests run with Python's default.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

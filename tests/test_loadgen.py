@@ -220,7 +220,8 @@ def test_connection_refused_during_a_run_is_recorded(fake_server) -> None:
 
 def test_check_server_and_api_key(fake_server) -> None:
     server = fake_server(model="m1", api_key="s3cret")
-    assert check_server(server.url, api_key="s3cret") == ["m1"]
+    served = check_server(server.url, api_key="s3cret")
+    assert served.models == ["m1"] and not served.simulated
     assert fetch_model(server.url, api_key="s3cret") == "m1"
     with pytest.raises(LoadGenError, match="refused the API key"):
         check_server(server.url, api_key="wrong")

@@ -13,7 +13,8 @@ from autotune.cli import app
 # Options that name the same thing wherever they appear.
 SHARED = ("--num-prompts", "--warmup", "--seed", "--studies-dir", "--tol", "--max-probes",
           "--headroom", "--backlog-share", "--min-duration", "--max-duration", "--tokenizer",
-          "--gpu-ids", "--slo-p99", "--slo", "--profile", "--validate", "--storage")
+          "--gpu-ids", "--slo-p99", "--slo", "--profile", "--validate", "--storage",
+          "--max-model-len")
 WRITERS = ("bench", "ceiling", "sweep", "report", "recommend")
 
 

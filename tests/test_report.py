@@ -193,12 +193,12 @@ def test_replica_results_and_ceiling_files(sample, tmp_path):
                    {"index": 0, "rate": 25.0, "num_prompts": 200, "phase": "bisect",
                     "verdict": "pass", "binding": "p99:e2e", "request_throughput": 9.0,
                     "output_throughput": 1800.0, "num_measured": 200, "pruned": False,
-                    "prune_reason": None, "gpu_util": 97.0, "checks": [],
+                    "prune_reason": None, "gpu_util": 0.97, "checks": [],
                     "summary": {"goodput_tokens": 1800.0, "e2e": {"p99": 9.1}}},
                    {"index": 1, "rate": 26.0, "num_prompts": 200, "phase": "bisect",
                     "verdict": "fail", "binding": "p99:e2e", "request_throughput": 8.0,
                     "output_throughput": 1700.0, "num_measured": 90, "pruned": True,
-                    "prune_reason": "certain_violation", "gpu_util": 99.0, "checks": []}]}
+                    "prune_reason": "certain_violation", "gpu_util": 0.99, "checks": []}]}
     (tmp_path / "ceiling.json").write_text(json.dumps(ceiling))
     data = gather("sample", storage, tmp_path)
     r4 = {r.trial: r for r in replica_results(data)}[4]
@@ -207,6 +207,9 @@ def test_replica_results_and_ceiling_files(sample, tmp_path):
     md = paths.markdown.read_text()
     assert "simulated: sustains 25 req/s" in md and "certain_violation" in md
     assert "| ceiling (req/s) | 25 |" in md
+    # A probe's utilisation (stored as 0..1) is shown in percent, as everywhere else.
+    probe_rows = [line for line in md.splitlines() if "| bisect |" in line]
+    assert probe_rows and "| 97% |" in probe_rows[0] and "| 1% |" not in probe_rows[0]
 
 
 def test_imported_vllm_results_sit_on_the_same_plot(sample, tmp_path):
@@ -274,8 +277,13 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
     studies = tmp_path / "studies"
     r = CliRunner().invoke(app, ["search", "--slo-p99", "10s", "--n-trials", "8",
                                  "--num-prompts", "80", "--warmup", "10", "--study-name",
-                                 "simrep", "--studies-dir", str(studies)])
+                                 "simrep", "--studies-dir", str(studies), "--refine-top",
+                                 "1"])
     assert r.exit_code == 0, r.output
+    # Every phase's time is said, not only the study's.
+    phases = r.output.split("wall time by phase: ", 1)[1].splitlines()[0]
+    for phase in ("study", "refinement", "validation", "report"):
+        assert f"{phase} " in phases, phases
     r = CliRunner().invoke(app, ["report", "simrep", "--storage",
                                  f"sqlite:///{studies}/simrep.db"])
     assert r.exit_code == 0, r.output
@@ -301,8 +309,13 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
     probes = {t.number: len(t.user_attrs["result"]["ceiling"]["probes"]) for t in study.trials
               if (t.user_attrs.get("result") or {}).get("ceiling")
               and "repeat_of" not in t.user_attrs["result"]}
-    assert len(df) == sum(probes.values()) > len(probes)  # every probe of every search
-    assert df.groupby("trial").size().to_dict() == probes
+    trial_rows = df[df["purpose"] == "trial"]
+    assert len(trial_rows) == sum(probes.values()) > len(probes)  # every trial's probe
+    assert trial_rows.groupby("trial").size().to_dict() == probes
+    # ... and every other load test, with what it was for.
+    assert set(df["purpose"]) == {"trial", "refinement", "validation"}
+    rec = json.loads((out / "recommendation.json").read_text())
+    assert (df["purpose"] == "validation").sum() == len(rec["validation"]["runs"])
 
 
 def test_importances_count_every_finished_config_and_say_so(report):

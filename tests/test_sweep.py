@@ -110,6 +110,8 @@ def test_overload_verdicts_on_the_sim() -> None:
     assert low.overloaded is False and "steady" in low.overload_why
     assert high.overloaded is True and ("queueing" in high.overload_why
                                         or "serves" in high.overload_why)
+    # The text says the figures the table shows: its req/s column and the offered rate.
+    assert f"serves {low.summary.request_throughput:.1f} of 2.0 req/s" in low.overload_why
 
 
 def test_tp_sweep_scaling_and_a_refused_value() -> None:

@@ -91,7 +91,8 @@ def common_args(tmp: Path, study: str, storage: str, *, n_trials: int, grace: in
     # Short steady-state load tests (1-3 s) and two per trial: these tests are about
     # processes and storages, not about verdicts.
     return ["--study", study, "--storage", storage, "--n-trials", str(n_trials),
-            "--num-prompts", "30", "--warmup", "3", "--heartbeat-interval", "1",
+            "--dataset", "synthetic", "--num-prompts", "30", "--warmup", "3",
+            "--heartbeat-interval", "1",
             "--min-duration", "1s", "--max-duration", "3s", "--backlog-share", "0.5",
             "--max-probes", "2",
             "--grace-period", str(grace), "--poll-s", "0.2", "--pace-s", str(pace),
@@ -174,8 +175,7 @@ def http_worker_args(tmp: Path, model: str) -> list[str]:
     space.write_text(TINY_SPACE.format(model=model, high=64))
     cmd = f"{sys.executable} -m autotune.testing.fake_server --token-delay-ms 1"
     return ["--backend", "vllm", "--vllm-cmd", cmd, "--model", model, "--space", str(space),
-            "--slo", "10s", "--dataset", "synthetic", "--input-len", "16",
-            "--output-len", "8"]
+            "--slo", "10s", "--input-len", "16", "--output-len", "8"]
 
 
 # ----------------------------------------------------------------------------- pure

@@ -12,9 +12,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     MaxDuration,
+    MaxModelLen,
     MinDuration,
     NumPrompts,
     Seed,
@@ -94,8 +96,7 @@ def bench(
         help="Synthetic: relative spread of lengths (0 = fixed).")] = 0.0,
     length_distribution: Annotated[str, typer.Option(
         help="Synthetic: fixed, uniform or lognormal.")] = "lognormal",
-    max_model_len: Annotated[int, typer.Option(
-        help="Drop ShareGPT pairs whose prompt + output exceed this.")] = 2048,
+    max_model_len: MaxModelLen = None,
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json or folder (default: the server's "
              "/tokenize, else mistral-common's tekken).")] = None,
@@ -164,7 +165,7 @@ def _bench(**opts: object) -> None:
         raise UsageError(f"dataset file {o.dataset_path} does not exist")
     for name, value in (("--input-len", o.input_len), ("--output-len", o.output_len),
                         ("--max-model-len", o.max_model_len)):
-        if value < 1:
+        if value is not None and value < 1:
             raise UsageError(f"{name} must be at least 1 token, got {value}")
     steady = _steady(o, slo)
     if steady is not None and o.rate == float("inf"):
@@ -178,19 +179,24 @@ def _bench(**opts: object) -> None:
     served = None
     if sim:
         model = str(flags.get("model"))
-    elif o.model:
-        model = o.model
+    elif o.model and o.max_model_len is not None:
+        model = o.model  # the server is checked after the workload, before any load
     else:
+        # The model's name or its context length comes from the server.
         served = loadgen.check_server(url, api_key=o.api_key)
         if not served.models:
             raise UsageError(f"server at {url} serves no model (GET /v1/models is empty)")
-        model = served.models[0]
+        model = o.model or served.models[0]
+    context = o.max_model_len or (
+        int(flags.get("max_model_len") or o.sim_model.max_model_len) if sim
+        else served.max_model_len if served is not None and served.max_model_len
+        else DEFAULT_CONTEXT)
     total = o.num_prompts + o.warmup
     with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
         if o.dataset is Dataset.sharegpt:
             wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
-                                        max_model_len=o.max_model_len, seed=o.seed)
+                                        max_model_len=context, seed=o.seed)
         else:
             wl = workload.synthetic_workload(
                 tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,

@@ -21,10 +21,12 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     BacklogShare,
     MaxDuration,
+    MaxModelLen,
     MinDuration,
     NumPrompts,
     Seed,
@@ -97,7 +99,8 @@ class CeilingOptions:
     dataset: Dataset = Dataset.sharegpt
     input_len: int = 256
     output_len: int = 128
-    sample_max_len: int = 2048
+    # Not an option: the study's ShareGPT length limit, when --max-model-len is not given.
+    sample_max_len: int | None = None
     tokenizer: str | None = None
     output: Path | None = None
     csv_path: Path | None = None
@@ -140,7 +143,7 @@ def ceiling(
     enable_chunked_prefill: Annotated[bool | None, typer.Option(
         "--enable-chunked-prefill/--no-enable-chunked-prefill",
         help="vLLM chunked prefill.", show_default=False)] = None,
-    max_model_len: Annotated[int | None, typer.Option(help="vLLM --max-model-len.")] = None,
+    max_model_len: MaxModelLen = None,
     param: Annotated[list[str] | None, typer.Option(
         help="Any other server flag as key=value (repeatable), e.g. block_size=32.")] = None,
     study: Annotated[str | None, typer.Option(
@@ -193,8 +196,6 @@ def ceiling(
     dataset: Annotated[Dataset, typer.Option(help="Request source.")] = Dataset.sharegpt,
     input_len: Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")] = 256,
     output_len: Annotated[int, typer.Option(help="Synthetic: mean output tokens.")] = 128,
-    sample_max_len: Annotated[int, typer.Option(
-        help="ShareGPT: drop pairs whose prompt + output exceed this.")] = 2048,
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
              "mistral-common's tekken).")] = None,
@@ -370,8 +371,9 @@ def _workload(o: CeilingOptions, total: int, server_url: str | None) -> Any:
 
     tok = tokenizer.load_tokenizer(o.tokenizer, server_url=server_url, model=o.model)
     if o.dataset is Dataset.sharegpt:
+        context = o.max_model_len or o.sample_max_len or DEFAULT_CONTEXT
         return workload.load_sharegpt(tokenizer=tok, num_prompts=total,
-                                      max_model_len=o.sample_max_len, seed=o.seed)
+                                      max_model_len=context, seed=o.seed)
     return workload.synthetic_workload(tok, num_prompts=total, input_len=o.input_len,
                                        output_len=o.output_len, distribution="lognormal",
                                        input_spread=0.5, output_spread=0.5, seed=o.seed)

@@ -17,6 +17,7 @@ from autotune.cli._common import (
     WARMUP,
     BacklogShare,
     MaxDuration,
+    MaxModelLen,
     MinDuration,
     NumPrompts,
     Warmup,
@@ -78,8 +79,7 @@ def search(
         help="Rate cap this share under the highest feasible rate.")] = 0.10,
     studies_dir: Annotated[Path, typer.Option(
         help="Folder of study databases and result files.")] = Path("studies"),
-    max_model_len: Annotated[int | None, typer.Option(
-        help="Context limit for sampling ShareGPT (default: the space's).")] = None,
+    max_model_len: MaxModelLen = None,
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
     ] = None,

@@ -21,9 +21,11 @@ from rich.table import Table
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     MaxDuration,
+    MaxModelLen,
     NumPrompts,
     Seed,
     UsageError,
@@ -84,8 +86,7 @@ def sweep(
         help="Synthetic: relative spread of lengths (0 = fixed).")] = 0.5,
     length_distribution: Annotated[str, typer.Option(
         help="Synthetic: fixed, uniform or lognormal.")] = "lognormal",
-    max_model_len: Annotated[int, typer.Option(
-        help="Drop ShareGPT pairs whose prompt + output exceed this.")] = 4096,
+    max_model_len: MaxModelLen = None,
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
     ] = None,
@@ -220,7 +221,7 @@ def _sweep(o: SimpleNamespace) -> None:
         raise UsageError("--backend vllm needs --model (a path or a model name)")
     sim = _sim_profile(o, spec) if kind == "sim" else None
     folder = _out_dir(o)
-    wl = _workload(o)
+    wl = _workload(o, _context(o, spec, kind))
     plan = _plan(o, slo, wl)
     backend = _backend(o, kind, sim, folder)
 
@@ -260,14 +261,30 @@ def _sweep(o: SimpleNamespace) -> None:
         raise typer.Exit(1)
 
 
-def _workload(o: SimpleNamespace) -> Any:
+def _context(o: SimpleNamespace, spec: Any, kind: str) -> int:
+    """The ShareGPT length limit: --max-model-len, else the swept config's, else what an
+    attached server reports, else the default."""
+    if o.max_model_len:
+        return int(o.max_model_len)
+    if spec.base_flags.get("max_model_len"):
+        return int(spec.base_flags["max_model_len"])
+    if kind == "attach":
+        from autotune.loadgen import check_server
+
+        reported = check_server(o.url).max_model_len
+        if reported:
+            return int(reported)
+    return DEFAULT_CONTEXT
+
+
+def _workload(o: SimpleNamespace, context: int) -> Any:
     from autotune.tokenizer import load_tokenizer
     from autotune.workload import build_workload
 
     tok = load_tokenizer(o.tokenizer)
     total = o.num_prompts + o.warmup
     wl = build_workload(o.dataset, tokenizer=tok, num_prompts=total, seed=o.seed,
-                        max_model_len=o.max_model_len,
+                        max_model_len=context,
                         output_len=o.output_len if o.dataset == "synthetic" else None,
                         input_len=o.input_len, distribution=o.length_distribution,
                         input_spread=o.length_spread, output_spread=o.length_spread)

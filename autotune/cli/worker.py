@@ -11,10 +11,12 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
+    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     BacklogShare,
     MaxDuration,
+    MaxModelLen,
     MinDuration,
     NumPrompts,
     Seed,
@@ -68,9 +70,7 @@ def worker(
     dataset: Annotated[str, typer.Option(
         help="sharegpt (the realistic mixed workload every command uses by default) or "
              "synthetic (--input-len/--output-len).")] = "sharegpt",
-    max_model_len: Annotated[int, typer.Option(
-        help="ShareGPT: drop pairs whose prompt + output exceed this (the server's "
-             "context length).")] = 8192,
+    max_model_len: MaxModelLen = None,
     input_len: Annotated[int, typer.Option(help="Synthetic prompt tokens (mean).")] = 256,
     output_len: Annotated[int, typer.Option(help="Synthetic output tokens (mean).")] = 128,
     seed: Seed = 0,
@@ -134,7 +134,9 @@ def worker(
                 sampler=sampler, seed=seed, n_trials=n_trials,
                 gpus=len(parse_gpu_ids(gpu_ids) or []) or sp.profile.get("gpus"),
                 workload=({"kind": "sharegpt", "num_prompts": num_prompts,
-                           "max_model_len": max_model_len, "seed": seed}
+                           "max_model_len": max_model_len or int(
+                               sp.fixed.get("max_model_len") or DEFAULT_CONTEXT),
+                           "seed": seed}
                           if dataset == "sharegpt" else
                           {"kind": "synthetic", "num_prompts": num_prompts,
                            "input_len": input_len, "output_len": output_len,

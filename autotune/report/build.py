@@ -256,7 +256,7 @@ def probes_table(probe_rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -
              (f"trial {p['trial']}" if p.get("trial") is not None else "-"),
              p.get("index"), p.get("phase"), p.get("rate"), p.get("num_prompts"),
              p.get("verdict"), p.get("binding"), p.get("request_throughput"),
-             p.get("output_throughput"), p.get("e2e_p99_s"), p.get("gpu_util"),
+             p.get("output_throughput"), p.get("e2e_p99_s"), p.get("gpu_util_pct"),
              p.get("prune_reason") if p.get("pruned") else "no"] for p in probe_rows]
     return table_from(headers, body, title="Ceiling probes", left=1,
                       kinds={3: "rate", 7: "rate", 9: "s", 10: "pct"})

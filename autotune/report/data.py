@@ -252,7 +252,9 @@ def ceiling_probe_rows(ceilings: Sequence[Mapping[str, Any]]) -> list[dict[str, 
                 "goodput_tokens": goodput_of(p),
                 "e2e_p99_s": _f(_mapping(summary.get("e2e")).get("p99")),
                 "checks": checks,
-                "gpu_util": _f(p.get("gpu_util")),
+                # A probe stores its mean utilisation as 0..1; every table shows percent.
+                "gpu_util_pct": (None if _f(p.get("gpu_util")) is None
+                                 else 100.0 * float(p["gpu_util"])),
                 "pruned": bool(p.get("pruned")),
                 "prune_reason": p.get("prune_reason"),
                 "source": c.get("source"),

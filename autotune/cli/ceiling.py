@@ -12,6 +12,7 @@ import csv
 import io
 import math
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -244,7 +245,7 @@ def _value(text: str) -> Any:
     return text
 
 
-def parse_params(items: list[str] | None) -> dict[str, Any]:
+def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
     """``["block_size=32", "enforce-eager=true"]`` -> ``{"block_size": 32, ...}``."""
     out: dict[str, Any] = {}
     for item in items or ():
@@ -394,8 +395,9 @@ def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, 
             raise UsageError(
                 f"the server at {o.url} is attached: autotune cannot restart it with "
                 f"{', '.join(sorted(flags))}; drop the config flags, or use --backend vllm")
-        check_server(o.url)  # an unreachable server is one clear line, before any work
-        return (ServerBackend(AttachedServer(o.url), name="attach", model=o.model),
+        url = str(o.url)  # attach without --url was refused in _ceiling
+        check_server(url)  # an unreachable server is one clear line, before any work
+        return (ServerBackend(AttachedServer(url), name="attach", model=o.model),
                 f"attached server {o.url}")
     from autotune.server import VllmServer
 

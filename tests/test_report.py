@@ -324,3 +324,22 @@ def test_importances_count_every_finished_config_and_say_so(report):
     note = "parameter importances over 10 finished trials: 6 met the SLO"
     assert any(note in n for n in report.notes)
     assert "importances" in report.plots
+
+
+def test_legends_sit_outside_the_plot_area():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from autotune.report import plots
+
+    fig, ax = plt.subplots()
+    for i in range(5):  # points everywhere a legend inside the axes could go
+        ax.plot([0, 1, 2], [i, i + 1, i + 2], "o", label=f"config {i}")
+    box = plots.legend(ax)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    drawn, area = box.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert drawn.x0 >= area.x1  # right of the plot area: it hides no point
+    plt.close(fig)

@@ -437,6 +437,7 @@ def plot_sweep(res: Any, folder: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from autotune.report.plots import legend
     from autotune.sweep import _numeric_x, _series
 
     x = res.spec.x_name
@@ -469,11 +470,11 @@ def plot_sweep(res: Any, folder: Path) -> list[Path]:
         ax.set_title(f"{label} vs {x} ({'simulated' if res.simulated else 'measured'})",
                      fontsize=10)
         if len(series) > 1:
-            ax.legend(fontsize=8)
+            legend(ax, fontsize=8)
         ax.grid(alpha=0.3)
         path = folder / f"sweep-{key}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=90)
+        fig.savefig(path, dpi=90, bbox_inches="tight")
         plt.close(fig)
         written.append(path)
     return written

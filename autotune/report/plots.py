@@ -30,9 +30,16 @@ def _save(fig: Figure, path: Path, provenance: str) -> Path:
              wrap=True)
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, format="png")
+    # "tight" grows the canvas to hold the legends, which sit outside the axes.
+    fig.savefig(path, dpi=110, format="png", bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def legend(ax: Any, *, fontsize: int = 7) -> Any:
+    """The axes' legend to the right of its plot area, so that it never hides a point."""
+    return ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                     borderaxespad=0.0)
 
 
 def _ok(x: Any) -> bool:
@@ -121,13 +128,13 @@ def rate_curves(
             bottom.plot([r["rate"]], [r[key]], "kx", ms=8)
     if threshold is not None:
         bottom.axhline(threshold, color="red", lw=1.5, label=f"SLO {threshold:g} s")
-        bottom.legend(loc="upper left", fontsize=8)
+        legend(bottom, fontsize=8)
     top.set_ylabel("goodput (output tok/s)\n(dashed: all output tok/s)")
     top.set_title("Goodput and P99 against the offered rate (the knee is the ceiling)")
     bottom.set_ylabel(ylabel)
     bottom.set_xlabel("offered rate (req/s, open loop)")
     if any(groups.values()) or imported:
-        top.legend(fontsize=7, loc="upper left")
+        legend(top)
     top.set_ylim(bottom=0)
     bottom.set_ylim(bottom=0)
     top.grid(alpha=0.3)
@@ -171,7 +178,7 @@ def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
     ax.set_ylabel(value_label + "\n(infeasible: all output tok/s)")
     ax.set_title("Optimisation history")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    legend(ax)
     return _save(fig, path, provenance)
 
 
@@ -235,7 +242,7 @@ def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
     ax.set_ylabel("goodput per GPU (output tok/s/GPU)")
     ax.set_title("Goodput per GPU against P99 latency")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    legend(ax)
     return _save(fig, path, provenance)
 
 
@@ -264,7 +271,7 @@ def timeline(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, *,
             ax.set_ylim(0, 105)
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        legend(ax)
         i += 1
     axes[-1][0].set_xlabel("time since the first sample of each series (s)")
     axes[0][0].set_title(title)

@@ -601,7 +601,8 @@ def _append_probe(out_dir: Path, study: str, number: int, flags: Mapping[str, An
 
 def append_load_test(out_dir: Path, study: str, number: int | None, result: TrialResult,
                      purpose: str) -> None:
-    """One row for a load test outside a ceiling search (the validation run)."""
+    """One row for a load test outside a ceiling search (a trial without one, or the
+    validation run)."""
     from autotune.experiments import append_experiment, row_from_summary
 
     if result.summary is None:
@@ -617,17 +618,7 @@ def append_load_test(out_dir: Path, study: str, number: int | None, result: Tria
 
 def _append_experiment(settings: StudySettings, number: int, result: TrialResult) -> None:
     """One row in ``studies/<name>/experiments.csv`` (the shared history)."""
-    from autotune.experiments import append_experiment, row_from_summary
-
-    if result.summary is None:
-        return
-    row = row_from_summary(
-        result.summary.to_dict(), study=settings.name, trial=number, config=result.flags,
-        rate=result.rate, backend=result.backend,
-        gpu={"util_mean_pct": result.telemetry.get("gpu_util_mean_pct"),
-             "util_max_pct": result.telemetry.get("gpu_util_max_pct")},
-        pruned_reason=result.reason if result.status == PRUNED else None)
-    append_experiment(settings.out_dir / "experiments.csv", row)
+    append_load_test(settings.out_dir, settings.name, number, result, "trial")
 
 
 # ----------------------------------------------------------------------------- run

@@ -90,3 +90,17 @@ def test_the_readme_table_of_shared_options_matches_the_commands() -> None:
     block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert block == shared_table(), "README out of date; the table should read:\n" + (
         shared_table())
+
+
+def test_the_kubernetes_job_passes_only_options_the_worker_takes() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    job = yaml.safe_load((Path(__file__).resolve().parent.parent / "deploy" / "k8s"
+                          / "worker-job.yaml").read_text())
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["autotune", "worker"]
+    known = options_of(commands()["worker"])
+    given = [arg.split("=", 1)[0] for arg in container["args"]]
+    assert given and [g for g in given if g not in known] == []

@@ -213,7 +213,8 @@ class SweepPoint:
         """One figure by column name; NaN when not measured."""
         s, t = self.summary, self.result.telemetry
         value: Any = None
-        if key in ("gpu_util_mean_pct", "kv_usage_mean", "kv_usage_max", "preemptions"):
+        if key in ("gpu_util_mean_pct", "kv_usage_mean", "kv_usage_max", "running_max",
+                   "preemptions"):
             value = t.get(key)
         elif s is None:
             value = None
@@ -252,6 +253,7 @@ class SweepPoint:
         for key in ("request_throughput", "output_throughput", "total_token_throughput",
                     "p99_e2e_s", "p99_e2e_lo_s", "p99_e2e_hi_s", "p99_ttft_s",
                     "goodput_tokens", "gpu_util_mean_pct", "kv_usage_mean", "kv_usage_max",
+                    "running_max",
                     "preemptions", "send_lag_p99_s"):
             v = self.fig(key)
             row[key] = None if not math.isfinite(v) else v
@@ -349,7 +351,7 @@ def real_telemetry(url: str | None, *, nvml: bool = True) -> Iterator[dict[str, 
         except Exception as exc:  # an endpoint without /metrics is common
             notes.append(f"no /metrics: {exc}")
         if before_text is not None:
-            scraper = tm.MetricsScraper(url, interval_s=1.0).start()
+            scraper = tm.MetricsScraper(url, interval_s=0.5).start()
     if nvml:
         with contextlib.suppress(Exception):
             sampler = tm.NvmlSampler(interval_s=0.5).start()
@@ -368,6 +370,8 @@ def real_telemetry(url: str | None, *, nvml: bool = True) -> Iterator[dict[str, 
             ms = scraper.stop()
             out["kv_usage_mean"] = ms.mean.get("kv_cache_usage")
             out["kv_usage_max"] = ms.max.get("kv_cache_usage")
+            # vllm:num_requests_running at its highest sample: the batch the config ran.
+            out["running_max"] = ms.max.get("running")
         if url is not None and before_text is not None:
             try:
                 after_text = _raw_metrics(url)

@@ -281,12 +281,15 @@ def test_real_vllm_cpu_sweep_over_max_num_seqs(
         "--backend", "vllm", "--model", model, "--vllm-cmd", cmd, "--tokenizer", model,
         "--set", "enforce_eager=true", "--set", "distributed_executor_backend=uni",
         "--set", "max_model_len=1024",
-        "--param", "max_num_seqs=1,4,16", "--rate", "inf", "--num-prompts", "24",
+        "--param", "max_num_seqs=1,4,16", "--rate", "inf", "--num-prompts", "64",
         "--warmup", "2", "--dataset", "synthetic", "--input-len", "32", "--output-len", "32",
         "--no-plot", "--out", str(out))
     assert code == 0, stderr
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     assert [r["status"] for r in rows] == ["complete"] * 3, [r["detail"] for r in rows]
-    tok = [float(r["output_throughput"]) for r in rows]
-    assert tok[-1] > tok[0], tok  # batching pays on the CPU too
+    # The config really changed the server: vLLM's own /metrics show the batch each one
+    # ran (64 requests sent at once, sampled every 0.5 s).  How much batching pays is a
+    # speed, measured in benchmarks/, not asserted here, where other tests share the cores.
+    running = [float(r["running_max"]) for r in rows]
+    assert running[0] == 1 and running[2] > 4, running
     assert "knee" in stdout

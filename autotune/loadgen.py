@@ -155,6 +155,11 @@ def _auth(api_key: str | None) -> dict[str, str]:
 
 
 def _models_from(url: str, status: int, body: bytes) -> list[str]:
+    return [str(m["id"]) for m in _cards_from(url, status, body)]
+
+
+def _cards_from(url: str, status: int, body: bytes) -> list[dict[str, Any]]:
+    """The model cards of a GET /v1/models answer, each with its ``id``."""
     if status in (401, 403):
         raise LoadGenError(
             f"server at {url} refused the API key (HTTP {status}); "
@@ -164,13 +169,14 @@ def _models_from(url: str, status: int, body: bytes) -> list[str]:
             f"server at {url} answered HTTP {status} to GET /v1/models; "
             "is it an OpenAI-compatible server?")
     try:
-        data = json.loads(body)["data"]
-        models = [str(m["id"]) for m in data]
+        cards = list(json.loads(body)["data"])
+        for m in cards:
+            str(m["id"])
     except (ValueError, KeyError, TypeError) as exc:
         raise LoadGenError(
             f"server at {url} is not OpenAI-compatible: GET /v1/models gave no model list "
             f"({type(exc).__name__})") from None
-    return models
+    return cards
 
 
 def _timed_out(exc: BaseException) -> bool:
@@ -198,9 +204,18 @@ class Served:
     """What GET /v1/models says: the model ids, and whether the server is autotune's
     simulator (whose timings are simulated even though they come over HTTP)."""
 
+    url: str
     models: list[str]
     simulated: bool
     max_model_len: int | None = None  # vLLM reports its context length per model
+
+    @property
+    def first_model(self) -> str:
+        """The model to ask for when the user named none."""
+        if not self.models:
+            raise LoadGenError(f"server at {self.url} serves no model (GET /v1/models is "
+                               "empty)")
+        return self.models[0]
 
 
 def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> Served:
@@ -210,21 +225,17 @@ def check_server(url: str, api_key: str | None = None, timeout_s: float = 10.0) 
         response = httpx.get(f"{base}/v1/models", headers=_auth(api_key), timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise _unreachable(base, exc) from None
-    models = _models_from(base, response.status_code, response.content)
-    cards = [m for m in json.loads(response.content)["data"] if isinstance(m, dict)]
-    owners = {str(m.get("owned_by")) for m in cards}
+    cards = _cards_from(base, response.status_code, response.content)
     lengths = [m["max_model_len"] for m in cards
                if isinstance(m.get("max_model_len"), int) and m["max_model_len"] > 0]
-    return Served(models=models, simulated=SIMULATOR_OWNER in owners,
+    return Served(url=url, models=[str(m["id"]) for m in cards],
+                  simulated=SIMULATOR_OWNER in {str(m.get("owned_by")) for m in cards},
                   max_model_len=lengths[0] if lengths else None)
 
 
 def fetch_model(url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str:
     """The first model the server serves, for when the user named none."""
-    models = check_server(url, api_key, timeout_s).models
-    if not models:
-        raise LoadGenError(f"server at {url} serves no model (GET /v1/models is empty)")
-    return models[0]
+    return check_server(url, api_key, timeout_s).first_model
 
 
 def _payload(config: LoadTestConfig, model: str, request: Request) -> bytes:

@@ -12,6 +12,9 @@ from typing import Any
 from autotune.errors import AutotuneError
 
 DEFAULT_PROFILE = ("a100-80gb", "llama-3-8b", 4)
+# The context length (longest prompt + output kept from ShareGPT) when neither the config
+# nor the server says one.
+DEFAULT_CONTEXT = 8192
 
 
 class OptionsError(AutotuneError, ValueError):

@@ -25,6 +25,7 @@ from rich.table import Table
 from autotune.files import atomic_write, json_safe
 from autotune.metrics import MEASURED, SIMULATED
 from autotune.options import (
+    DEFAULT_CONTEXT,
     OptionsError,
     duration,
     parse_env,
@@ -269,7 +270,7 @@ def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[
 
 def _sample_max_len(o: SearchOptions, plan: Plan) -> int:
     """The longest ShareGPT pair (prompt + output tokens) the workload keeps."""
-    return o.max_model_len or int(plan.space.fixed.get("max_model_len") or 8192)
+    return o.max_model_len or int(plan.space.fixed.get("max_model_len") or DEFAULT_CONTEXT)
 
 
 def _check_storage_url(url: str) -> None:

@@ -42,7 +42,6 @@ NumPrompts = Annotated[int, typer.Option(
 Warmup = Annotated[int, typer.Option(
     help="Warm-up requests sent before each load test and excluded from every figure.")]
 Seed = Annotated[int, typer.Option(help="Seed of the workload sample and the arrivals.")]
-DEFAULT_CONTEXT = 8192  # the longest prompt + output kept when nothing says otherwise
 MaxModelLen = Annotated[int | None, typer.Option(
     help="The server's context length (vLLM --max-model-len): ShareGPT pairs whose prompt "
          "+ output exceed it are dropped, as the server would refuse them.  Default: the "

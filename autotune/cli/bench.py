@@ -12,7 +12,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from autotune.cli._app import app
 from autotune.cli._common import (
-    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     MaxDuration,
@@ -32,6 +31,7 @@ from autotune.cli._common import (
     write_json,
 )
 from autotune.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
+from autotune.options import DEFAULT_CONTEXT
 
 
 class Dataset(str, Enum):
@@ -184,9 +184,8 @@ def _bench(**opts: object) -> None:
     else:
         # The model's name or its context length comes from the server.
         served = loadgen.check_server(url, api_key=o.api_key)
-        if not served.models:
-            raise UsageError(f"server at {url} serves no model (GET /v1/models is empty)")
-        model = o.model or served.models[0]
+        first = served.first_model  # a server with no model is refused even when named
+        model = o.model or first
     context = o.max_model_len or (
         int(flags.get("max_model_len") or o.sim_model.max_model_len) if sim
         else served.max_model_len if served is not None and served.max_model_len

@@ -22,7 +22,6 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
-    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     BacklogShare,
@@ -40,6 +39,7 @@ from autotune.cli._common import (
     one_line_errors,
     write_json,
 )
+from autotune.options import DEFAULT_CONTEXT
 from autotune.record import StoredTrial
 
 CSV_COLUMNS = (
@@ -87,14 +87,14 @@ class CeilingOptions:
     start_rate: float | None = None
     tol: float = 0.03
     max_probes: int = 8
-    num_prompts: int = 1000
+    num_prompts: int = NUM_PROMPTS
     max_num_prompts: int = 2400
     repeats: int = 1
     headroom: float = 0.10
     confidence: float = 0.95
     min_rate: float | None = None
     max_rate: float | None = None
-    warmup: int = 100
+    warmup: int = WARMUP
     seed: int = 0
     no_prune: bool = False
     dataset: Dataset = Dataset.sharegpt
@@ -217,13 +217,15 @@ def ceiling(
     given["param"] = tuple(param or ())
     with one_line_errors():
         o = CeilingOptions(**given)
+        study = None
         if o.study is not None:
+            study = _open_study(o)  # opened once: its settings here, the trial's config later
             # Given on the command line or in the environment: anything but a default.
             # (By name: typer ships its own copy of click's ParameterSource.)
-            o = inherit(o, _study_settings(o), explicit={
+            o = inherit(o, _study_settings(study), explicit={
                 k for k in INHERITED | {"slo": ""}
                 if getattr(ctx.get_parameter_source(k), "name", "DEFAULT") != "DEFAULT"})
-        code = _ceiling(o)
+        code = _ceiling(o, study)
     if code:
         raise typer.Exit(code)
 
@@ -297,15 +299,14 @@ def _open_study(o: CeilingOptions) -> Any:
     return st
 
 
-def _study_settings(o: CeilingOptions) -> dict[str, Any]:
+def _study_settings(st: Any) -> dict[str, Any]:
     """What the study's search fixed (empty for a study made before it was stored)."""
     from autotune.pipeline import SETTINGS_ATTR
 
-    return dict(_open_study(o).user_attrs.get(SETTINGS_ATTR) or {})
+    return dict(st.user_attrs.get(SETTINGS_ATTR) or {})
 
 
-def _study_flags(o: CeilingOptions) -> dict[str, Any]:
-    st = _open_study(o)
+def _study_flags(o: CeilingOptions, st: Any) -> dict[str, Any]:
     found = [t for t in st.get_trials(deepcopy=False) if t.number == o.trial]
     if not found:
         raise UsageError(f"study {o.study!r} has no trial {o.trial} "
@@ -313,11 +314,12 @@ def _study_flags(o: CeilingOptions) -> dict[str, Any]:
     return StoredTrial.of(found[0]).flags
 
 
-def config_flags(o: CeilingOptions) -> dict[str, Any]:
-    """The server config from --study/--trial, then the flags, then --param."""
+def config_flags(o: CeilingOptions, study: Any = None) -> dict[str, Any]:
+    """The server config from --study/--trial (``study``: that study, already open),
+    then the flags, then --param."""
     flags: dict[str, Any] = {}
     if o.study is not None or o.trial is not None:
-        flags.update(_study_flags(o))
+        flags.update(_study_flags(o, study if study is not None else _open_study(o)))
     for key in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                 "gpu_memory_utilization", "enable_chunked_prefill", "max_model_len"):
         value = getattr(o, key)
@@ -499,7 +501,7 @@ def details(result: Any) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
-def _ceiling(o: CeilingOptions) -> int:
+def _ceiling(o: CeilingOptions, study: Any = None) -> int:
     from autotune.ceiling import BackendProbe, check_settings, find_ceiling
     from autotune.slo import combine
 
@@ -513,7 +515,7 @@ def _ceiling(o: CeilingOptions) -> int:
             else "attach" if o.url else "vllm" if o.model else "sim")
     if kind == "attach" and not o.url:
         raise UsageError("--backend attach needs --url of the running server")
-    flags = config_flags(o)
+    flags = config_flags(o, study)
     # Fail on search settings before any workload is built or server touched.
     check_settings(slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
                    num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,

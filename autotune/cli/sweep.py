@@ -21,7 +21,6 @@ from rich.table import Table
 
 from autotune.cli._app import app
 from autotune.cli._common import (
-    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     MaxDuration,
@@ -37,6 +36,7 @@ from autotune.cli._common import (
     write_json,
 )
 from autotune.metrics import MEASURED, SIMULATED
+from autotune.options import DEFAULT_CONTEXT
 
 BACKENDS = ("sim", "vllm", "attach")
 PLOTTED = (

@@ -11,7 +11,6 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import (
-    DEFAULT_CONTEXT,
     NUM_PROMPTS,
     WARMUP,
     BacklogShare,
@@ -26,6 +25,7 @@ from autotune.cli._common import (
     fail,
     one_line_errors,
 )
+from autotune.options import DEFAULT_CONTEXT
 
 
 class WorkerBackend(str, Enum):

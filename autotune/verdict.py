@@ -392,7 +392,7 @@ def judge(
     # grows for tens of seconds without being overloaded.
     # Nor before the steady half starts two typical stays (p90 of the finished requests'
     # end-to-end latency) after the first arrival: the queue fills for about one stay.
-    done_e2e = (a.end - a.sent)[a.ok]
+    done_e2e = a.end[a.ok] - a.sent[a.ok]  # masked first: unfinished ends are NaN
     stay = float(np.percentile(done_e2e, 90)) if done_e2e.size else math.inf
     # And a growth must be material in requests, not only in slope: at a few req/s a
     # queue of a handful wanders by more than the allowance's worth in a minute.

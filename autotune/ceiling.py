@@ -665,13 +665,16 @@ def find_ceiling(
     min_rate: float | None = None,
     max_rate: float | None = None,
     first_must_pass: bool = False,
+    then_down: bool = False,
     on_probe: Callable[[Probe], None] | None = None,
 ) -> CeilingResult:
     """Search the highest rate that meets ``slo`` with ``confidence``; see the module doc.
 
     ``first_must_pass`` (beat-the-incumbent): ``start_rate`` is the rate this config
     needs to beat the best one so far; if it does not pass there, the search ends after
-    that one probe with ``below_start``.  ``max_rate`` caps the bracket (the space's
+    that one probe with ``below_start``; with ``then_down`` it brackets downward instead
+    (a search's trial replayed on its own: the same probes while the start passes, and
+    still a ceiling when it does not).  ``max_rate`` caps the bracket (the space's
     highest rate): a config that passes there is reported as sustaining at least it.
 
     ``start_rate=None`` first runs one saturation probe (every request at once, as
@@ -717,10 +720,12 @@ def find_ceiling(
         start_rate = max(start_rate, floor_rate)
 
         if first_must_pass:
-            if search.evaluate(start_rate, "incumbent") != "pass":
-                below_start = True
-            else:
+            if search.evaluate(start_rate, "incumbent") == "pass":
                 _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate, started=True)
+            elif then_down:
+                _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate, failed=True)
+            else:
+                below_start = True
         else:
             _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate)
         _bisect(search, tol)
@@ -729,7 +734,7 @@ def find_ceiling(
         # What the tests so far support stands; an incumbent test cut short proves
         # nothing either way, so the config is not called below the incumbent.
         budget_spent = True
-        below_start = (first_must_pass and start_rate is not None
+        below_start = (first_must_pass and not then_down and start_rate is not None
                        and search.verdicts.get(start_rate) == "fail")
         search.notes.append(str(exc))
 
@@ -763,14 +768,15 @@ def find_ceiling(
 
 
 def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
-             max_rate: float | None = None, started: bool = False) -> None:
+             max_rate: float | None = None, started: bool = False,
+             failed: bool = False) -> None:
     """x2 up while passing (not past a known capacity or ``max_rate``), /2 down while
-    failing.  ``started``: ``start`` already passed."""
+    failing.  ``started``: ``start`` already passed; ``failed``: it already did not."""
     if search.left <= 0:
         return
     rate = start
     first_step = started
-    if started or search.evaluate(rate, "bracket") == "pass":
+    if not failed and (started or search.evaluate(rate, "bracket") == "pass"):
         while search.left > 0:
             if max_rate is not None and rate >= max_rate * (1.0 - 1e-9):
                 return

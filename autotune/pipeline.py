@@ -34,10 +34,9 @@ from autotune.options import (
     parse_steady,
     parse_validate,
 )
+from autotune.terminal import console, err_console
 
 BACKENDS = ("sim", "vllm", "attach")
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
 
 
 def write_json(path: Path, data: Any) -> None:
@@ -418,7 +417,8 @@ class LiveView:
                    "not launched: " + "; ".join(str(v) for v in violations)]
         else:
             s = result.summary
-            good = "-" if s is None or not result.feasible else f"{s.goodput_tokens:,.0f}"
+            # The trial's value (steady-state), as the recommendation prints it.
+            good = "-" if s is None or not result.feasible else f"{result.goodput():,.0f}"
             p99 = "-" if s is None or not math.isfinite(s.e2e.p99) else f"{s.e2e.p99:.2f}"
             if result.feasible:
                 verdict = "ceiling"
@@ -428,8 +428,10 @@ class LiveView:
                 verdict = f"below_incumbent: fails the rate that beats the best ({result.rate:.2f})"
             else:
                 verdict = f"infeasible: {result.reason}"
+                # Whole: a cut mid-reason hid the part that decided (the steady
+                # half's bound, behind "(st").
                 if result.detail and result.reason != "slo_missed":
-                    verdict += f" ({result.detail[:60]})"
+                    verdict += f" ({result.detail})"
             row = [str(number), flags_line(result.flags), f"{result.rate:.2f}", good, p99,
                    verdict]
         self.rows.append(row)
@@ -667,7 +669,7 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
         e2e = next((c for c in p.get("checks") or [] if c.get("label", "").endswith("e2e")),
                    None) or {}
         util = p.get("gpu_util")
-        row = table_row(p["rate"], output_throughput=p.get("output_throughput"),
+        row = table_row(p["rate"], goodput_tokens=(p.get("evidence") or {}).get("goodput_tokens"),
                         p99_e2e_s=e2e.get("observed_s"),
                         gpu_util_pct=None if util is None else 100.0 * util,
                         feasible=p.get("verdict") == "pass",
@@ -678,15 +680,18 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
     for run in (rec.validation or {}).get("runs") or []:
         pct = run.get("percentiles") or {}
         p99 = next((v for k, v in pct.items() if k.endswith("e2e")), None)
-        row = table_row(run["rate"], output_throughput=None, p99_e2e_s=p99, gpu_util_pct=None,
+        row = table_row(run["rate"], goodput_tokens=run.get("goodput_tokens"), p99_e2e_s=p99,
+                        gpu_util_pct=None,
                         feasible=run.get("verdict") == "pass", pruned_by=None,
                         measured=measured)
         row["phase"] = "validation"
         rec.table.append(row)
     rec.table_how = (("Measured" if measured else "Simulated (virtual time)")
                      + f": the load tests of trial {rec.best.trial}'s rate search (each sized by "
-                     "time and stopped when its steady-state verdict was certain; output tok/s "
-                     "over each test's judged requests) and the validation runs at the cap.")
+                     "time and stopped when its steady-state verdict was certain) and the "
+                     "validation runs at the cap. Goodput tok/s: output tokens of the judged "
+                     "requests that met the SLO per second of their arrivals, the "
+                     "steady-state figure the trial's value is.")
 
 
 def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console) -> None:
@@ -767,13 +772,13 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     if rec.table:
         t = Table(title="recommended config across rates", caption=rec.table_how,
                   title_justify="left", caption_justify="left")
-        for col in ("rate (req/s)", "output tok/s", "P99 e2e (s)", "GPU util", "verdict"):
+        for col in ("rate (req/s)", "goodput tok/s", "P99 e2e (s)", "GPU util", "verdict"):
             t.add_column(col, justify="left" if col == "verdict" else "right")
         for row in rec.table:
             gpu = row.get("gpu_util_pct")
             t.add_row(f"{row['rate']:.4g}",
-                      "-" if row["output_throughput"] is None
-                      else f"{row['output_throughput']:,.0f}",
+                      "-" if row["goodput_tokens"] is None
+                      else f"{row['goodput_tokens']:,.0f}",
                       "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",
                       "-" if gpu is None else f"{gpu:.0f}%"
                       + (" (sim)" if row["source"] == "simulated" else ""),

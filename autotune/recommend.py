@@ -467,11 +467,11 @@ def to_markdown(rec: Recommendation) -> str:
                 f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
     if rec.table:
         lines += ["", "## The recommended config across rates", "", rec.table_how, "",
-                  "| rate (req/s) | output tok/s | P99 e2e (s) | GPU util | verdict |",
+                  "| rate (req/s) | goodput tok/s | P99 e2e (s) | GPU util | verdict |",
                   "| --- | --- | --- | --- | --- |"]
         for row in rec.table:
             lines.append(
-                f"| {_num(row['rate'], '.1f')} | {_num(row['output_throughput'])} | "
+                f"| {_num(row['rate'], '.1f')} | {_num(row['goodput_tokens'])} | "
                 f"{_num(row['p99_e2e_s'], '.1f')} | {_num(row.get('gpu_util_pct'), '.0f')}% | "
                 f"{row['verdict']} |")
     counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
@@ -481,7 +481,7 @@ def to_markdown(rec: Recommendation) -> str:
     return "\n".join(lines) + "\n"
 
 
-def table_row(rate: float, *, output_throughput: float | None, p99_e2e_s: float | None,
+def table_row(rate: float, *, goodput_tokens: float | None, p99_e2e_s: float | None,
               gpu_util_pct: float | None, feasible: bool, pruned_by: str | None,
               measured: bool) -> dict[str, Any]:
     """One row of the seed-style table: ``verdict`` is the load test's steady-state
@@ -494,6 +494,6 @@ def table_row(rate: float, *, output_throughput: float | None, p99_e2e_s: float 
         verdict = f"fail (pruned: {pruned_by})"
     else:
         verdict = "fail (SLO missed)"
-    return {"rate": rate, "output_throughput": output_throughput, "p99_e2e_s": p99_e2e_s,
+    return {"rate": rate, "goodput_tokens": goodput_tokens, "p99_e2e_s": p99_e2e_s,
             "gpu_util_pct": gpu_util_pct, "verdict": verdict,
             "source": "measured" if measured else "simulated"}

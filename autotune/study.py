@@ -505,9 +505,7 @@ class Objective:
         trial.set_user_attr("feasible", attrs["feasible"])
         if result.summary is not None:
             trial.set_user_attr("p99_e2e_s", _f(result.summary.e2e.p99))
-            trial.set_user_attr("goodput_tokens", _f(
-                result.evidence.goodput_tokens if result.evidence is not None
-                else result.summary.goodput_tokens))
+            trial.set_user_attr("goodput_tokens", _f(result.measured_goodput("tokens")))
         for key, value in constraints_for(result, self.s.slo).items():
             trial.set_constraint(key, value)
         if ceiling is None:

@@ -199,13 +199,16 @@ class TrialResult:
         judged arrivals), which a drain cannot bias."""
         if self.summary is None or not self.feasible:
             return 0.0
-        if self.evidence is not None:
-            value = (self.evidence.goodput_tokens if objective == "tokens"
-                     else self.evidence.goodput_requests)
-        else:
-            value = (self.summary.goodput_tokens if objective == "tokens"
-                     else self.summary.goodput_requests)
+        value = self.measured_goodput(objective)
         return value / max(self.gpus, 1) if per_gpu else value
+
+    def measured_goodput(self, objective: str = "tokens") -> float:
+        """The load test's goodput, met or not: the steady-state figure of a test sized
+        by time, else the whole window's (a fixed-count test, as vLLM's benchmark)."""
+        src: Any = self.evidence if self.evidence is not None else self.summary
+        if src is None:
+            return 0.0
+        return float(src.goodput_tokens if objective == "tokens" else src.goodput_requests)
 
     def gpu_util(self) -> float | None:
         value = self.telemetry.get("gpu_util_mean_pct")

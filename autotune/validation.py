@@ -30,10 +30,12 @@ class ValidationRun:
     percentiles: dict[str, float]  # limit label -> observed seconds
     reasons: tuple[str, ...]
     source: str
+    # Steady-state goodput (the verdict's cohort), the figure a trial's value is.
+    goodput_tokens: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"rate": self.rate, "verdict": self.verdict, "duration_s": self.duration_s,
-                "requests": self.requests,
+                "requests": self.requests, "goodput_tokens": self.goodput_tokens,
                 "percentiles": {k: (v if math.isfinite(v) else None)
                                 for k, v in self.percentiles.items()},
                 "reasons": list(self.reasons), "source": self.source}
@@ -131,4 +133,4 @@ def _run_of(res: TrialResult, rate: float, source: str) -> ValidationRun:
     return ValidationRun(
         rate=rate, verdict=ev.verdict, duration_s=ev.cohort_span_s, requests=ev.cohort,
         percentiles={lim.label: lim.observed_s for lim in ev.limits}, reasons=ev.reasons,
-        source=source)
+        source=source, goodput_tokens=ev.goodput_tokens)

@@ -588,5 +588,6 @@ def _result_line(number: int, result: Any, violations: Sequence[Any]) -> str:
         head += f" ({result.reason})"
     if s is None:
         return f"{head}: {result.detail or 'no load test'}"
-    return (f"{head}: goodput {s.goodput_tokens:,.1f} output tok/s at {result.rate:.3g} req/s "
+    return (f"{head}: goodput {result.measured_goodput():,.1f} output tok/s at "
+            f"{result.rate:.3g} req/s "
             f"offered, p99 e2e {s.e2e.p99:.3g}s; {s.how()}")

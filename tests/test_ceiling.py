@@ -397,3 +397,28 @@ def test_simulated_ceiling_matches_the_fine_sweep(sim_truth: dict, start: float 
           f"{truth_hi:.2f} req/s, found {res.feasible_max:.2f}); a 1 req/s step-down from "
           f"{sat:.2f} req/s needs {steps}; the fine sweep took {sim_truth['sweep_probes']}")
     assert steps >= 1
+
+
+def test_a_replayed_start_that_fails_still_finds_a_ceiling_below_it() -> None:
+    """``then_down``: the search stops a trial that fails the incumbent's rate; the
+    same start replayed on its own (``ceiling --study --trial``) goes on downward."""
+    truth = QueueModel().true_ceiling(400, 10.0)
+    res = find_ceiling(QueueModel(), slo=SLO10, start_rate=1.5 * truth, num_prompts=400,
+                       max_num_prompts=400, max_probes=12, first_must_pass=True,
+                       then_down=True)
+    assert not res.below_start and res.feasible and res.converged
+    assert res.probes[0].phase == "incumbent" and not res.probes[0].passed
+    assert truth * 0.97 <= res.feasible_max <= truth < res.infeasible_min
+    stopped = find_ceiling(QueueModel(), slo=SLO10, start_rate=1.5 * truth,
+                           num_prompts=400, max_num_prompts=400, first_must_pass=True)
+    assert stopped.below_start and len(stopped.probes) == 1
+
+
+def test_a_replayed_start_that_passes_probes_as_the_search_did() -> None:
+    truth = QueueModel().true_ceiling(400, 10.0)
+    kw = dict(slo=SLO10, start_rate=0.6 * truth, num_prompts=400, max_num_prompts=400,
+              max_probes=12, first_must_pass=True)
+    searched = find_ceiling(QueueModel(), **kw)
+    replayed = find_ceiling(QueueModel(), **kw, then_down=True)
+    assert ([(p.rate, p.verdict) for p in replayed.probes]
+            == [(p.rate, p.verdict) for p in searched.probes])

@@ -235,3 +235,40 @@ def test_ceiling_of_a_study_trial_measures_it_as_the_search_did(tmp_path: Path) 
     assert "4xa100-80gb" in stdout  # the study's hardware, not ceiling's 1-GPU default
     assert got["feasible_max"] == pytest.approx(searched["feasible_max"])
     assert got["infeasible_min"] == pytest.approx(searched["infeasible_min"])
+
+
+def test_ceiling_of_a_later_trial_starts_where_the_search_started_it(
+        tmp_path: Path) -> None:
+    """A trial after the first starts at the rate that beats the incumbent; `ceiling
+    --study S --trial N` starts there too, so its probes, and its answer, are the
+    search's (it started from a saturation probe before, and answered 69.5 where the
+    search had 71.9 req/s)."""
+    import optuna
+
+    from autotune.cli.ceiling import replay_start
+    from autotune.record import StoredTrial
+
+    studies = tmp_path / "studies"
+    search = runner.invoke(app, [
+        "search", "--slo-p99", "20s", "--space", "llama3-8b-4xa100", "--n-trials", "4",
+        "--num-prompts", "200", "--warmup", "20", "--seed", "7", "--tol", "0.1",
+        "--max-probes", "4", "--validate", "off", "--study-name", "later",
+        "--studies-dir", str(studies)])
+    assert search.exit_code == 0, search.output
+    study = optuna.load_study(study_name="later",
+                              storage=f"sqlite:///{studies / 'later.db'}")
+    later = [t for t in map(StoredTrial.of, study.trials) if t.number > 0
+             and t.ceiling.get("feasible_max") and replay_start(t)[1]]
+    assert later, "no later trial beat the incumbent: the test needs one"
+    trial = later[0]
+    out = tmp_path / "c.json"
+    code, _, stderr = ceiling("--study", "later", "--trial", str(trial.number),
+                              "--studies-dir", str(studies), "--validate", "off",
+                              "--output", str(out))
+    assert code == 0, stderr
+    got = json.loads(out.read_text())
+    assert got["probes"][0]["phase"] == "incumbent"
+    assert got["probes"][0]["rate"] == pytest.approx(trial.ceiling["probes"][0]["rate"])
+    assert got["feasible_max"] == pytest.approx(trial.ceiling["feasible_max"])
+    assert got["infeasible_min"] == pytest.approx(trial.ceiling["infeasible_min"])
+

@@ -116,8 +116,22 @@ def test_search_sim_writes_recommendation(tmp_path: Path) -> None:
     phases = [row["phase"] for row in rec["table"]]
     assert "validation" in phases and len(phases) == len(best["ceiling"]["probes"]) + len(
         val["runs"])
-    assert {"rate", "output_throughput", "p99_e2e_s", "gpu_util_pct",
+    assert {"rate", "goodput_tokens", "p99_e2e_s", "gpu_util_pct",
             "verdict"} <= set(rec["table"][0])
+    # One definition, one number: the table's row at the recommended rate shows the
+    # goodput the headline gives (before, the table's tok/s was over a window with the
+    # drain tail, so it read lower than the goodput of the same test).
+    at_best = [row for row in rec["table"] if row["phase"] != "validation"
+               and row["rate"] == pytest.approx(rec["best"]["max_feasible_rate"])
+               and row["verdict"] == "pass"]
+    assert at_best and at_best[-1]["goodput_tokens"] == pytest.approx(
+        rec["best"]["goodput_tokens"], rel=1e-9)
+    assert all(row["goodput_tokens"] is not None and row["goodput_tokens"] > 0
+               for row in rec["table"] if row["phase"] == "validation")
+    # ... and so does the trial's own progress line (it printed the window's figure).
+    line = next(ln for ln in out.splitlines()
+                if ln.startswith(f"trial {rec['best']['trial']:>3} "))
+    assert f"goodput {rec['best']['goodput_tokens']:>8,.0f}" in line
     md = (folder / "recommendation.md").read_text()
     assert "vllm serve" in md and "Rate cap" in md
     assert "Recommended" in out and "rate cap at the gateway" in out

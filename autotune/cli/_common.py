@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from autotune.errors import AutotuneError
 from autotune.files import atomic_write
 from autotune.metrics import LatencyStats, Summary
 from autotune.records import RequestRecord
+from autotune.terminal import err_console
 
 # The steady-state options of every command that runs load tests, defined once so that
 # each means the same everywhere (autotune.verdict.SteadyState).
@@ -48,8 +48,6 @@ MaxModelLen = Annotated[int | None, typer.Option(
          "config's max_model_len (space, --set/--param), else what the server reports in "
          "GET /v1/models, else 8192.")]
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
 
 
 class UsageError(AutotuneError):

@@ -23,8 +23,6 @@ from autotune.cli._common import (
     Warmup,
     atomic_write,
     check_writable,
-    console,
-    err_console,
     one_line_errors,
     records_csv,
     summary_tables,
@@ -32,6 +30,7 @@ from autotune.cli._common import (
 )
 from autotune.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
 from autotune.options import DEFAULT_CONTEXT
+from autotune.terminal import console, err_console
 
 
 class Dataset(str, Enum):

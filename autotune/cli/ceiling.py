@@ -34,13 +34,12 @@ from autotune.cli._common import (
     Warmup,
     atomic_write,
     check_writable,
-    console,
-    err_console,
     one_line_errors,
     write_json,
 )
 from autotune.options import DEFAULT_CONTEXT
 from autotune.record import StoredTrial
+from autotune.terminal import console, err_console
 
 CSV_COLUMNS = (
     "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
@@ -306,12 +305,23 @@ def _study_settings(st: Any) -> dict[str, Any]:
     return dict(st.user_attrs.get(SETTINGS_ATTR) or {})
 
 
-def _study_flags(o: CeilingOptions, st: Any) -> dict[str, Any]:
+def _stored_trial(o: CeilingOptions, st: Any) -> StoredTrial:
     found = [t for t in st.get_trials(deepcopy=False) if t.number == o.trial]
     if not found:
         raise UsageError(f"study {o.study!r} has no trial {o.trial} "
                          f"(it has {len(st.trials)} trials)")
-    return StoredTrial.of(found[0]).flags
+    return StoredTrial.of(found[0])
+
+
+def replay_start(trial: StoredTrial) -> tuple[float | None, bool]:
+    """Where the search started this trial's rate search: (first rate, whether it had to
+    pass there, i.e. beat the incumbent).  (None, False): a saturation probe first."""
+    probes = trial.ceiling.get("probes") or []
+    first = probes[0] if probes and isinstance(probes[0], dict) else {}
+    rate, phase = first.get("rate"), first.get("phase")
+    if phase in ("incumbent", "bracket") and isinstance(rate, (int, float)) and rate > 0:
+        return float(rate), phase == "incumbent"
+    return None, False
 
 
 def config_flags(o: CeilingOptions, study: Any = None) -> dict[str, Any]:
@@ -319,7 +329,7 @@ def config_flags(o: CeilingOptions, study: Any = None) -> dict[str, Any]:
     then the flags, then --param."""
     flags: dict[str, Any] = {}
     if o.study is not None or o.trial is not None:
-        flags.update(_study_flags(o, study if study is not None else _open_study(o)))
+        flags.update(_stored_trial(o, study if study is not None else _open_study(o)).flags)
     for key in ("max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                 "gpu_memory_utilization", "enable_chunked_prefill", "max_model_len"):
         value = getattr(o, key)
@@ -545,8 +555,14 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
                   f"{steady.min_requests} requests before it may pass, up to "
                   f"{steady.max_s(slo):g} s, stopped when its steady-state verdict is "
                   "certain", soft_wrap=True)
+        # A trial of a study starts where the search started it, so that the same probes
+        # give the same answer ("measured as the search did").
+        start, must_pass = (replay_start(_stored_trial(o, study))
+                            if study is not None and o.start_rate is None
+                            else (o.start_rate, False))
         result = find_ceiling(
-            probe, slo=slo, start_rate=o.start_rate, tol=o.tol, max_probes=o.max_probes,
+            probe, slo=slo, start_rate=start, tol=o.tol, max_probes=o.max_probes,
+            first_must_pass=must_pass, then_down=True,
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
             repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
             min_rate=o.min_rate, max_rate=o.max_rate,

@@ -11,7 +11,8 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import UsageError, console, err_console, fail, one_line_errors
+from autotune.cli._common import UsageError, fail, one_line_errors
+from autotune.terminal import console, err_console
 
 
 @contextlib.contextmanager

@@ -30,13 +30,12 @@ from autotune.cli._common import (
     UsageError,
     Warmup,
     atomic_write,
-    console,
-    err_console,
     one_line_errors,
     write_json,
 )
 from autotune.metrics import MEASURED, SIMULATED
 from autotune.options import DEFAULT_CONTEXT
+from autotune.terminal import console, err_console
 
 BACKENDS = ("sim", "vllm", "attach")
 PLOTTED = (

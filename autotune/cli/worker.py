@@ -20,12 +20,11 @@ from autotune.cli._common import (
     NumPrompts,
     Seed,
     Warmup,
-    console,
-    err_console,
     fail,
     one_line_errors,
 )
 from autotune.options import DEFAULT_CONTEXT
+from autotune.terminal import console, err_console
 
 
 class WorkerBackend(str, Enum):

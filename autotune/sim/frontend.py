@@ -157,7 +157,7 @@ class FrontEnd:
             # one batch later.
             dur = base + c.share * work
             dur[0] = first + self.debt
-            ends = now + np.cumsum(dur)
+            ends = dur.cumsum() + now
             seen = ends + work / c.servers
             seen[0] = max(self.free_at, float(ends[0])) + work / c.servers
             return Stretch(dur=dur, end=ends, seen=seen,
@@ -166,7 +166,7 @@ class FrontEnd:
         debt = lindley(self.debt, c.share * work, cap)
         owed = np.concatenate(([self.debt], debt[:-1]))  # debt as each step starts
         dur = base + np.minimum(owed, cap)
-        ends = now + np.cumsum(dur)
+        ends = dur.cumsum() + now
         backlog = lindley(self.free_at - now, work / c.servers, dur)
         return Stretch(dur=dur, end=ends, seen=ends + backlog, debt=debt)
 

@@ -489,6 +489,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--api-server-count", type=int, default=1,
+                   help="API-server processes: they share the modelled front end's work")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--startup-delay-s", type=float, default=3.0,
@@ -546,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        block_size=args.block_size)
+        block_size=args.block_size, api_server_count=args.api_server_count)
     node = hardware.label
     if not _COUNTED.match(args.profile.strip()):
         # "a100-80gb" names the GPU, not the node: say how many GPUs that profile has.

@@ -619,8 +619,9 @@ HOW = [
     "per-sequence host overheads.",
     NOTE_CLIENT,
     "Time to first token on the real server includes the front end (HTTP, tokenisation, "
-    "hand-over to the engine process), which the simulator does not model; the "
-    "calibration reports it as front_end_s.",
+    "hand-over to the engine process); the calibration reports it as front_end_s. The "
+    "simulator models the front end with the profile's frontend_request_ms, "
+    "frontend_token_us and frontend_engine_share, which this run does not fit.",
     "Tokens whose text is empty (the random-weight model emits special tokens and partial "
     "UTF-8) send no chunk, and TTFT counts to the first chunk with text (as vLLM's "
     "benchmark does): a real request may show its first token many steps late, which the "
@@ -701,6 +702,9 @@ COMMENTS = {
     "step_overhead_ms": "host time per engine step",
     "per_seq_overhead_us": "per scheduled sequence",
     "platform": "vLLM's CPU batch defaults",
+    "frontend_request_ms": "NOT fitted: kept from the profile before the run",
+    "frontend_token_us": "NOT fitted: kept from the profile before the run",
+    "frontend_engine_share": "NOT fitted: kept from the profile before the run",
 }
 DESCRIPTION = "2-core x86 CPU running vLLM-CPU (simulated; fitted to real vLLM-CPU step times)"
 
@@ -833,7 +837,8 @@ def markdown(data: dict[str, Any]) -> list[str]:
         lines.append(f"| {k} | {prev.get(k)} | {v:.4g} |")
     fe = [p["front_end_s"] for p in cal["prefill"] if p.get("front_end_s") is not None]
     if fe:
-        lines += ["", f"Front end (TTFT minus prefill step, not simulated): median "
+        lines += ["", f"Front end (TTFT minus prefill step; the simulator's comes from "
+                  "the profile, not from this fit): median "
                   f"{statistics.median(fe) * 1e3:.1f} ms over the prefill probes."]
     knee, val = data["knee"], data["validation"]
     lines += [

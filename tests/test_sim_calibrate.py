@@ -9,6 +9,7 @@ it (``@pytest.mark.vllm``), a smoke run of the whole benchmark.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -21,7 +22,9 @@ import yaml
 
 from autotune.sim import EngineConfig, load_hardware, load_model, simulate
 from autotune.sim.calibrate import (
+    FrontEndSample,
     StepSample,
+    fit_front_end,
     fit_step_times,
     predict,
     profile_yaml,
@@ -208,6 +211,100 @@ def test_to_dict_is_json_ready() -> None:
     assert set(d["fitted"]) == {"peak_tflops", "compute_efficiency", "step_overhead_ms",
                                 "per_seq_overhead_us"}
     assert len(d["samples"]) == len(shapes()) and "residual_s" in d["samples"][0]
+
+
+# ----------------------------------------------------------------------------- front end
+
+FE_REQUEST_S, FE_TOKEN_S = 7.7e-3, 182e-6  # the truth of the synthetic front end
+
+
+def front_samples(noise: float, seed: int = 0, *, tests: int = 8, first: int = 5
+                  ) -> list[FrontEndSample]:
+    """Load tests of several sizes and output lengths (API-server CPU seconds) and
+    first tokens on the idle server, each with relative noise."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(tests):
+        n = int(rng.integers(200, 700))
+        tokens = int(n * rng.uniform(40, 300))
+        cpu = (FE_REQUEST_S * n + FE_TOKEN_S * tokens) * (1 + noise * rng.standard_normal())
+        out.append(FrontEndSample.load_test(n, tokens, cpu, f"test {i}"))
+    for _ in range(first):
+        t = (FE_REQUEST_S + FE_TOKEN_S) * (1 + noise * rng.standard_normal())
+        out.append(FrontEndSample.first_token(t))
+    return out
+
+
+def test_front_end_fit_recovers_known_costs_exactly_without_noise() -> None:
+    fit = fit_front_end(front_samples(0.0))
+    assert fit.request_s == pytest.approx(FE_REQUEST_S, rel=1e-9)
+    assert fit.token_s == pytest.approx(FE_TOKEN_S, rel=1e-9)
+    assert fit.request_se_s < 1e-9 * FE_REQUEST_S and fit.token_se_s < 1e-9 * FE_TOKEN_S
+    assert fit.max_rel_error < 1e-9 and not fit.notes
+    hw = fit.profile(CPU)
+    assert hw.frontend_request_ms == pytest.approx(7.7) and hw.frontend_token_us == (
+        pytest.approx(182.0))
+    assert replace(hw, frontend_request_ms=CPU.frontend_request_ms,
+                   frontend_token_us=CPU.frontend_token_us) == CPU
+    d = json.loads(json.dumps(fit.to_dict()))
+    assert d["frontend_token_us"] == pytest.approx(182.0) and len(d["samples"]) == 13
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_front_end_fit_recovers_known_costs_within_its_standard_errors(seed: int) -> None:
+    fit = fit_front_end(front_samples(0.05, seed))
+    assert 0 < fit.request_se_s < 0.2 * FE_REQUEST_S and 0 < fit.token_se_s < 0.2 * FE_TOKEN_S
+    assert abs(fit.request_s - FE_REQUEST_S) < 4 * fit.request_se_s
+    assert abs(fit.token_s - FE_TOKEN_S) < 4 * fit.token_se_s
+
+
+def test_front_end_standard_errors_are_honest() -> None:
+    """Over many noisy data sets, the 95% interval (Student's t on the fit's degrees of
+    freedom) holds the truth about 95% of the time, and four times the samples halve
+    the error."""
+    from scipy.stats import t as student
+
+    hits = np.zeros(2)
+    se_small, se_large = [], []
+    runs = 300
+    for seed in range(runs):
+        fit = fit_front_end(front_samples(0.05, seed))
+        q = student.ppf(0.975, fit.dof)
+        hits += [abs(fit.request_s - FE_REQUEST_S) < q * fit.request_se_s,
+                 abs(fit.token_s - FE_TOKEN_S) < q * fit.token_se_s]
+        se_small.append(fit.token_se_s)
+        if seed < 40:
+            se_large.append(fit_front_end(front_samples(0.05, seed, tests=32, first=20)
+                                          ).token_se_s)
+    assert ((0.91 <= hits / runs) & (hits / runs <= 0.99)).all(), hits / runs
+    assert np.median(se_large) == pytest.approx(np.median(se_small) / 2, rel=0.3)
+
+
+def test_front_end_fit_says_when_the_costs_cannot_be_told_apart() -> None:
+    same_length = [FrontEndSample.load_test(n, 128 * n, 0.03 * n) for n in (100, 300, 500)]
+    with pytest.raises(ValueError, match="same output tokens per request"):
+        fit_front_end(same_length)
+    with pytest.raises(ValueError, match="same output tokens per request"):
+        fit_front_end([FrontEndSample.first_token(t) for t in (0.007, 0.008, 0.009)])
+    # One first-token sample beside them is enough.
+    fit = fit_front_end([*same_length, FrontEndSample.first_token(0.0079)])
+    assert fit.request_s > 0 and fit.token_s > 0
+    with pytest.raises(ValueError, match="at least 2"):
+        fit_front_end(same_length[:1])
+    with pytest.raises(ValueError, match="finite number > 0"):
+        fit_front_end([*same_length, FrontEndSample.first_token(-1.0)])
+
+
+def test_front_end_fit_holds_costs_at_zero_and_says_so() -> None:
+    # CPU that does not grow with tokens at all, and a little less per token than
+    # nothing: the least-squares token cost is negative.
+    samples = [FrontEndSample(100, 1000, 1.0), FrontEndSample(100, 20000, 0.95),
+               FrontEndSample(300, 5000, 3.0)]
+    fit = fit_front_end(samples)
+    assert fit.token_s == 0 and fit.request_s > 0
+    assert any("negative" in n for n in fit.notes)
+    two = fit_front_end([FrontEndSample(100, 1000, 1.0), FrontEndSample(1, 1, 0.0101)])
+    assert math.isnan(two.request_se_s) and any("no standard error" in n for n in two.notes)
 
 
 # ----------------------------------------------------------------------------- benchmark

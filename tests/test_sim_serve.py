@@ -82,9 +82,11 @@ def test_prompt_token_count_is_whitespace_words_or_ids() -> None:
 
 def test_unknown_vllm_flags_are_collected_not_fatal() -> None:
     args, unknown = parse(["--model", "m", "--enforce-eager", "--dtype", "bfloat16",
-                           "--no-enable-chunked-prefill", "--max-num-seqs", "8"])
+                           "--no-enable-chunked-prefill", "--max-num-seqs", "8",
+                           "--api-server-count", "2"])
     assert unknown == ["--enforce-eager", "--dtype", "bfloat16"]
     assert args.enable_chunked_prefill is False and args.max_num_seqs == 8
+    assert args.api_server_count == 2  # modelled: the front end's servers
 
 
 def test_impossible_config_exits_1_with_vllms_message() -> None:

@@ -3,8 +3,9 @@
 - virtual time: :func:`simulate` runs a load test as a discrete-event simulation;
 - real time: ``python -m autotune.sim.serve`` serves the OpenAI API like ``vllm serve``.
 
-Both use the same scheduler (:mod:`autotune.sim.scheduler`, vLLM V1 continuous batching)
-and cost model (:mod:`autotune.sim.costmodel`, a roofline per step).
+Both use the same scheduler (:mod:`autotune.sim.scheduler`, vLLM V1 continuous batching),
+cost model (:mod:`autotune.sim.costmodel`, a roofline per step) and API front end
+(:mod:`autotune.sim.frontend`, per-request and per-token CPU before and after the engine).
 """
 
 from __future__ import annotations

@@ -17,7 +17,12 @@ overhead, and only decodes over different context lengths (KV entries read) show
 
 Decode-only steps cannot separate the per-token compute from the per-sequence overhead
 (one token per sequence), so the samples must include steps with more tokens than
-sequences (prefills).  Pure: no clock, no I/O.
+sequences (prefills).
+
+The API front end (:mod:`autotune.sim.frontend`) is fitted apart, by
+:func:`fit_front_end`: its per-request and per-output-token CPU costs from what load
+tests cost the API-server process and from time to first token less the prefill step,
+by linear least squares, with standard errors.  Pure: no clock, no I/O.
 """
 
 from __future__ import annotations
@@ -308,3 +313,147 @@ def profile_yaml(cal: Calibration, header: Sequence[str],
             note = f"fitted; {comments[f.name]}"
         lines.append(f"{line:<31} # {note}" if note else line)
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- front end
+
+
+@dataclass(frozen=True)
+class FrontEndSample:
+    """What ``requests`` requests with ``output_tokens`` output tokens in all cost the API
+    front end: ``seconds`` = request cost x requests + token cost x output tokens."""
+
+    requests: float
+    output_tokens: float
+    seconds: float
+    label: str = ""
+
+    @classmethod
+    def load_test(cls, requests: int, output_tokens: int, cpu_s: float,
+                  label: str = "") -> FrontEndSample:
+        """The API-server process's CPU seconds over a load test (warm-up included if
+        its requests are counted) that served ``requests`` and ``output_tokens``."""
+        return cls(float(requests), float(output_tokens), cpu_s,
+                   label or f"load test: {requests} requests, {output_tokens} tokens")
+
+    @classmethod
+    def first_token(cls, seconds: float, label: str = "") -> FrontEndSample:
+        """One request's time to first token less its prefill step, on an idle server:
+        the front end takes the request in, then sends its first token."""
+        return cls(1.0, 1.0, seconds, label or "first token less prefill")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "requests": self.requests,
+                "output_tokens": self.output_tokens, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
+class FrontEndFit:
+    """The front end's fitted costs (seconds) with their standard errors."""
+
+    request_s: float
+    token_s: float
+    request_se_s: float  # nan when no degree of freedom is left (as many samples as costs)
+    token_se_s: float
+    dof: int  # degrees of freedom of the standard errors: samples less 2 (Student's t)
+    samples: tuple[FrontEndSample, ...]
+    predicted_s: tuple[float, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def residuals_s(self) -> tuple[float, ...]:
+        """Measured minus predicted, per sample."""
+        return tuple(s.seconds - p for s, p in zip(self.samples, self.predicted_s, strict=True))
+
+    @property
+    def max_rel_error(self) -> float:
+        return max(abs(r) / s.seconds for r, s in zip(self.residuals_s, self.samples,
+                                                       strict=True))
+
+    def profile(self, hardware: HardwareProfile) -> HardwareProfile:
+        """``hardware`` with these front-end costs (its share of the engine's core kept)."""
+        return replace(hardware, frontend_request_ms=self.request_s * 1e3,
+                       frontend_token_us=self.token_s * 1e6)
+
+    def to_dict(self) -> dict[str, Any]:
+        rows = [{**s.to_dict(), "predicted_s": p, "residual_s": s.seconds - p}
+                for s, p in zip(self.samples, self.predicted_s, strict=True)]
+        return {"frontend_request_ms": self.request_s * 1e3,
+                "frontend_request_ms_se": self.request_se_s * 1e3,
+                "frontend_token_us": self.token_s * 1e6,
+                "frontend_token_us_se": self.token_se_s * 1e6,
+                "dof": self.dof, "max_rel_error": self.max_rel_error, "samples": rows,
+                "notes": list(self.notes)}
+
+
+def _check_front(samples: Sequence[FrontEndSample]) -> None:
+    if len(samples) < 2:
+        raise ValueError(f"need at least 2 front-end samples to fit 2 costs, got "
+                         f"{len(samples)}")
+    for i, s in enumerate(samples):
+        what = s.label or f"sample {i}"
+        if not (math.isfinite(s.seconds) and s.seconds > 0):
+            raise ValueError(f"{what}: seconds must be a finite number > 0, got "
+                             f"{s.seconds!r}")
+        if not (s.requests >= 0 and s.output_tokens >= 0 and s.requests + s.output_tokens > 0):
+            raise ValueError(f"{what}: need requests >= 0 and output_tokens >= 0, not both 0")
+
+
+def fit_front_end(samples: Sequence[FrontEndSample], *, relative: bool = True
+                  ) -> FrontEndFit:
+    """Least-squares per-request and per-output-token front-end costs, with standard
+    errors.
+
+    ``relative``: weigh each sample by 1/seconds, so an 8 ms first token counts as much
+    as a load test's 20 CPU seconds (and noise proportional to the figure is treated
+    alike).  Costs are held at >= 0 (a note says when one was).  The standard errors
+    are the usual ones of weighted least squares (residual variance times the inverse
+    normal matrix); they need more samples than costs.  Raises ``ValueError`` when the
+    samples cannot tell the two costs apart: every sample with the same tokens per
+    request (load tests of one output length and no first-token sample, or first-token
+    samples alone).
+    """
+    samples = tuple(samples)
+    _check_front(samples)
+    x = np.array([[s.requests, s.output_tokens] for s in samples], dtype=np.float64)
+    y = np.array([s.seconds for s in samples], dtype=np.float64)
+    w = 1.0 / y if relative else np.ones_like(y)
+    xw, yw = x * w[:, None], y * w
+    scale = np.abs(xw).max(axis=0)  # columns of like size, for a well-posed rank test
+    if np.linalg.matrix_rank(xw / scale) < 2:
+        raise ValueError("the samples cannot tell the per-request cost from the per-token "
+                         "cost: every one has the same output tokens per request; add "
+                         "load tests with other output lengths, or first-token samples "
+                         "beside load tests")
+    free, *_ = np.linalg.lstsq(xw, yw, rcond=None)
+    if relative:
+        # Weights from the measured figures lean towards samples whose noise came out
+        # low; refit with weights from the fit's own predictions (they carry no noise).
+        for _ in range(2):
+            pred = x @ free
+            if (pred <= 0).any():
+                break
+            w = 1.0 / pred
+            xw, yw = x * w[:, None], y * w
+            free, *_ = np.linalg.lstsq(xw, yw, rcond=None)
+    notes: list[str] = []
+    coef = free
+    if (free < 0).any():
+        coef, _ = nnls(xw, yw)
+        for name, f in zip(("per-request", "per-token"), free, strict=True):
+            if f < 0:
+                notes.append(f"the unconstrained {name} cost came out negative ({f:.3g} s): "
+                             "held at 0")
+    resid = yw - xw @ coef
+    dof = len(samples) - 2
+    if dof > 0:
+        cov = float(resid @ resid) / dof * np.linalg.inv(xw.T @ xw)
+        se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+    else:
+        se = np.full(2, math.nan)
+        notes.append("as many samples as costs: no standard error (add samples)")
+    pred = x @ coef
+    return FrontEndFit(request_s=float(coef[0]), token_s=float(coef[1]),
+                       request_se_s=float(se[0]), token_se_s=float(se[1]), dof=dof,
+                       samples=samples,
+                       predicted_s=tuple(float(p) for p in pred), notes=tuple(notes))

@@ -36,6 +36,10 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     block_size: int = 16
+    # vLLM's --api-server-count: front-end (API server) processes that share the HTTP
+    # load; the simulator prices each one's work with the hardware profile's front-end
+    # costs (autotune.sim.frontend).
+    api_server_count: int = 1
 
     @classmethod
     def from_flags(cls, flags: dict[str, Any]) -> EngineConfig:
@@ -67,7 +71,7 @@ class EngineConfig:
 
 
 _INTS = {"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-         "block_size"}
+         "block_size", "api_server_count"}
 
 
 def _as_bool(value: Any) -> bool:
@@ -105,6 +109,7 @@ class EngineSetup:
     enable_chunked_prefill: bool
     max_model_len: int
     block_size: int
+    api_server_count: int
     num_gpu_blocks: int
     weights_gib_per_gpu: float
     activation_gib_per_gpu: float
@@ -171,6 +176,8 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
         raise ConfigRefused(
             f"GPU memory utilization must be within (0, 1]. Got {config.gpu_memory_utilization}."
         )
+    if config.api_server_count < 1:
+        raise ConfigRefused(f"api_server_count must be >= 1, got {config.api_server_count}")
     if config.block_size not in (1, 8, 16, 32, 64, 128):
         raise ConfigRefused(f"block_size must be one of 1, 8, 16, 32, 64, 128; got "
                             f"{config.block_size}")
@@ -247,6 +254,7 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
         enable_chunked_prefill=config.enable_chunked_prefill,
         max_model_len=max_model_len,
         block_size=config.block_size,
+        api_server_count=config.api_server_count,
         num_gpu_blocks=num_blocks,
         weights_gib_per_gpu=weights / GIB,
         activation_gib_per_gpu=activation / GIB,

@@ -4,14 +4,23 @@
 fills the same :class:`~autotune.records.RequestRecord` objects the HTTP load generator
 fills, so ``metrics`` cannot tell the two apart.  Every figure it produces is simulated.
 
+The API server (front end, :mod:`autotune.sim.frontend`) is a stage of its own when the
+hardware profile gives it a cost: a request reaches the scheduler only after the front
+end has taken it in, and the client has a step's tokens only once the front end has sent
+them, so TTFT, ITL and E2E are what a client waits for.  Client-side events (arrivals,
+completions the client has seen) are then applied in time order apart from the engine's
+steps.  With no front-end cost the engine runs exactly as without one.
+
 Speed: a step costs O(prefills + finishes) (see ``scheduler``), and stretches of
 decode-only steps with no arrival, finish, KV-block shortage or window boundary in
-between are costed and applied in one numpy call.
+between are costed and applied in one numpy call (front end included).
 """
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -22,6 +31,7 @@ import numpy as np
 from autotune.records import RequestRecord, WindowCallback
 from autotune.sim.config import EngineConfig, EngineSetup, resolve
 from autotune.sim.costmodel import CostModel
+from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Scheduler, Seq
 from autotune.workload import Request
@@ -59,6 +69,9 @@ class SimResult:
     setup: EngineSetup
     total_steps: int = 0
     total_preemptions: int = 0
+    # Front-end CPU over the measured window per API server, 0..1 (above 1 its backlog
+    # grows); 0 when the profile gives the front end no cost.
+    frontend_busy_fraction: float = 0.0
     simulated: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -79,6 +92,7 @@ class SimResult:
             "window_end_s": self.window_end_s,
             "total_steps": self.total_steps,
             "total_preemptions": self.total_preemptions,
+            "frontend_busy_fraction": self.frontend_busy_fraction,
             "engine": {
                 "model": s.model.name,
                 "hardware": s.hardware.label,
@@ -88,6 +102,7 @@ class SimResult:
                 "enable_chunked_prefill": s.enable_chunked_prefill,
                 "max_model_len": s.max_model_len,
                 "num_gpu_blocks": s.num_gpu_blocks,
+                "api_server_count": s.api_server_count,
             },
             "timeline": [asdict(p) for p in self.timeline],
             "notes": list(self.notes),
@@ -114,7 +129,8 @@ def error_body(message: str, code: int = 400) -> str:
 
 
 class _Steps:
-    """Growable per-step arrays: end time, GPU time, duration, blocks used, queue sizes."""
+    """Growable per-step arrays: end time, GPU time, duration, blocks used, queue sizes,
+    and (front end modelled) when the client has the step's tokens."""
 
     def __init__(self, cap: int = 8192) -> None:
         self.n = 0
@@ -125,20 +141,21 @@ class _Steps:
         self.running = np.empty(cap, dtype=np.int64)
         self.waiting = np.empty(cap, dtype=np.int64)
         self.preempt = np.empty(cap, dtype=np.int64)  # cumulative preemptions
+        self.seen = np.empty(cap)  # filled only when the front end is modelled
 
     def _grow(self, need: int) -> None:
         cap = len(self.end)
         if need <= cap:
             return
         new = max(need, 2 * cap)
-        for name in ("end", "dur", "gpu", "used", "running", "waiting", "preempt"):
+        for name in ("end", "dur", "gpu", "used", "running", "waiting", "preempt", "seen"):
             old = getattr(self, name)
             arr = np.empty(new, dtype=old.dtype)
             arr[: self.n] = old[: self.n]
             setattr(self, name, arr)
 
     def add(self, end: float, dur: float, gpu: float, used: int, running: int, waiting: int,
-            preempt: int) -> None:
+            preempt: int, seen: float | None = None) -> None:
         i = self.n
         if i >= len(self.end):
             self._grow(i + 1)
@@ -149,10 +166,13 @@ class _Steps:
         self.running[i] = running
         self.waiting[i] = waiting
         self.preempt[i] = preempt
+        if seen is not None:
+            self.seen[i] = seen
         self.n = i + 1
 
     def add_many(self, end: np.ndarray, dur: np.ndarray, gpu: np.ndarray, used: np.ndarray,
-                 running: int, waiting: int, preempt: int) -> None:
+                 running: int, waiting: int, preempt: int,
+                 seen: np.ndarray | None = None) -> None:
         i, k = self.n, len(end)
         self._grow(i + k)
         j = i + k
@@ -163,6 +183,8 @@ class _Steps:
         self.running[i:j] = running
         self.waiting[i:j] = waiting
         self.preempt[i:j] = preempt
+        if seen is not None:
+            self.seen[i:j] = seen
         self.n = j
 
 
@@ -185,6 +207,9 @@ class _Run:
         self.setup = setup
         self.cost = CostModel.for_setup(setup)
         self.sched = Scheduler.for_setup(setup)
+        costs = FrontEndCosts.for_setup(setup)
+        # None: the front end costs nothing, and the engine runs as if it did not exist.
+        self.fe = FrontEnd(costs) if costs.active else None
         self.requests = requests
         self.arrivals = arrivals
         self.order = np.argsort(arrivals, kind="stable")
@@ -194,7 +219,7 @@ class _Run:
         self.window_s = window_s
         self.steps = _Steps()
         self.records: list[RequestRecord | None] = [None] * len(requests)
-        self.seqs: dict[int, Seq] = {}
+        self.seqs: dict[int, Seq] = {}  # sent and not yet ended, as the client sees it
         self.flushed: dict[int, int] = {}  # rid -> tokens already in chunk_times_s
         self.measured: list[RequestRecord] = []
         self.gated: deque[int] = deque()
@@ -202,12 +227,35 @@ class _Run:
         self.next_arrival = 0  # position in self.order
         self.next_boundary = window_s if on_window is not None else float("inf")
         self.aborted = False
+        # Front end only: requests it is taking in, (time the scheduler sees it, rid) ...
+        self.handover: list[tuple[float, int]] = []
+        self.in_front: set[int] = set()
+        # ... and ends on their way to the client, (time the client has it, rid).
+        self.delivery: list[tuple[float, int]] = []
 
     # ---- the client side: dispatch, concurrency gate, send, completion ---------------
     def _arrival_time(self) -> float:
         if self.next_arrival >= len(self.order):
             return float("inf")
         return float(self.arrivals[self.order[self.next_arrival]])
+
+    def _client_until(self, t: float) -> None:
+        """Apply the client's events up to ``t``: arrivals and, with a front end, the ends
+        it delivers, in time order (an end frees its slot before a same-time arrival)."""
+        if self.fe is None:
+            self._dispatch_until(t)
+            return
+        delivery = self.delivery
+        while True:
+            ta = self._arrival_time()
+            td = delivery[0][0] if delivery else math.inf
+            if td <= ta and td <= t:
+                _, i = heapq.heappop(delivery)
+                self._deliver(i, td)
+            elif ta <= t:
+                self._dispatch_until(ta)
+            else:
+                return
 
     def _dispatch_until(self, t: float) -> None:
         while self.next_arrival < len(self.order):
@@ -241,6 +289,10 @@ class _Run:
         if problem is not None:
             rec.status = 400
             rec.error = f"http 400: {' '.join(error_body(problem).split())[:300]}"
+            if self.fe is not None:
+                # The front end tokenises the prompt before it can refuse it.
+                heapq.heappush(self.delivery, (self.fe.take_request(t), i))
+                return
             rec.end_s = t
             self._release_slot(t)
             return
@@ -248,7 +300,19 @@ class _Run:
         seq = Seq(rid=i, prompt_tokens=req.prompt_tokens, max_output=req.output_tokens)
         self.seqs[i] = seq
         self.flushed[i] = 0
-        self.sched.add(seq)
+        if self.fe is None:
+            self.sched.add(seq)
+        else:
+            heapq.heappush(self.handover, (self.fe.take_request(t), i))
+            self.in_front.add(i)
+
+    def _handover_until(self, t: float) -> None:
+        """Requests the front end has taken in by ``t`` join the scheduler's queue."""
+        handover = self.handover
+        while handover and handover[0][0] <= t:
+            _, i = heapq.heappop(handover)
+            self.in_front.discard(i)
+            self.sched.add(self.seqs[i])
 
     def _release_slot(self, t: float) -> None:
         self.inflight -= 1
@@ -257,23 +321,32 @@ class _Run:
             self._send(self.gated.popleft(), t)
 
     # ---- token times --------------------------------------------------------------
-    def _flush(self, seq: Seq, rec: RequestRecord) -> None:
-        """Append to ``rec.chunk_times_s`` every token the engine produced so far."""
+    def _flush(self, seq: Seq, rec: RequestRecord, upto: float = math.inf) -> None:
+        """Append to ``rec.chunk_times_s`` every token the client has by ``upto``: with
+        no front end, every token the engine produced so far."""
         ranges = list(seq.segments)
         if seq.state == DECODE:
             ranges.append((seq.seg_start, self.sched.step - 1))
         done = self.flushed[seq.rid]
         skip = done
-        end = self.steps.end
+        times = self.steps.end if self.fe is None else self.steps.seen
         for a, b in ranges:
             n = b - a + 1
             if skip >= n:
                 skip -= n
                 continue
-            rec.chunk_times_s.extend(end[a + skip: b + 1].tolist())
+            chunk = times[a + skip: b + 1]
+            if upto < chunk[-1]:  # the front end has not sent them all yet (times ascend)
+                cut = int(np.searchsorted(chunk, upto, side="right"))
+                rec.chunk_times_s.extend(chunk[:cut].tolist())
+                done += cut
+                break
+            rec.chunk_times_s.extend(chunk.tolist())
             done += n - skip
             skip = 0
         self.flushed[seq.rid] = done
+        if self.fe is not None and rec.first_token_s is None and rec.chunk_times_s:
+            rec.first_token_s = rec.chunk_times_s[0]
 
     def _finish(self, seq: Seq, t: float) -> None:
         rec = self.records[seq.rid]
@@ -285,16 +358,28 @@ class _Run:
         del self.seqs[seq.rid]
         self._release_slot(t)
 
+    def _deliver(self, i: int, t: float) -> None:
+        """Front end: at ``t`` the client has request ``i``'s last chunk (or its 400)."""
+        seq = self.seqs.get(i)
+        if seq is not None:
+            self._finish(seq, t)
+            return
+        rec = self.records[i]
+        assert rec is not None
+        rec.end_s = t
+        self._release_slot(t)
+
     # ---- windows --------------------------------------------------------------------
     def _fire_windows(self, until: float) -> None:
         """Call the window callback at every boundary <= ``until`` (engine is between steps)."""
         while self.next_boundary <= until and not self.aborted:
             b = self.next_boundary
-            self._dispatch_until(b)
+            self._client_until(b)
+            upto = b if self.fe is not None else math.inf
             for seq in self.seqs.values():
                 rec = self.records[seq.rid]
                 assert rec is not None
-                self._flush(seq, rec)
+                self._flush(seq, rec, upto)
             assert self.on_window is not None
             # As the load generator: no call before the first measured request is sent.
             if self.measured and self.on_window(b, list(self.measured)):
@@ -303,14 +388,23 @@ class _Run:
 
     def _abort(self, t: float) -> None:
         self.aborted = True
+        upto = t if self.fe is not None else math.inf
         for seq in list(self.seqs.values()):
             rec = self.records[seq.rid]
             assert rec is not None
-            self._flush(seq, rec)
+            self._flush(seq, rec, upto)
             rec.error = ABORTED
             rec.end_s = t
-            self.sched.abort(seq)
+            if seq.rid not in self.in_front:
+                self.sched.abort(seq)
         self.seqs.clear()
+        for _, i in self.delivery:  # refusals the front end had not sent yet
+            rec = self.records[i]
+            if rec is not None and rec.end_s is None:
+                rec.end_s = t
+        self.delivery.clear()
+        self.handover.clear()
+        self.in_front.clear()
         for i in self.gated:
             rec = self.records[i]
             assert rec is not None
@@ -319,52 +413,134 @@ class _Run:
         self.gated.clear()
 
     # ---- the engine loop ------------------------------------------------------------
+    def _front_event_time(self) -> float:
+        """Front end: the next hand-over to the scheduler or end delivered to a client."""
+        t = self.handover[0][0] if self.handover else math.inf
+        return min(t, self.delivery[0][0]) if self.delivery else t
+
     def run(self) -> float:
-        sched, cost, steps = self.sched, self.cost, self.steps
+        sched, cost, steps, fe = self.sched, self.cost, self.steps, self.fe
         now = 0.0
         while not self.aborted:
-            self._dispatch_until(now)
+            self._client_until(now)
+            if fe is not None:
+                self._handover_until(now)
             if sched.idle:
                 t_next = self._arrival_time()
+                if fe is not None:
+                    t_next = min(t_next, self._front_event_time())
                 if t_next == float("inf"):
                     break
                 self._fire_windows(t_next)
+                if fe is not None:
+                    fe.idle(t_next - now)
                 now = t_next
                 continue
             k, needs = sched.decode_stretch()
             if k >= 2:
                 r = sched.num_decode
                 tot, gpu = cost.decode_steps(r, sched.decode_kv0(), k)
-                ends = now + np.cumsum(tot)
-                k = min(k,
-                        int(np.searchsorted(ends - tot, self._arrival_time(), side="left")),
-                        int(np.searchsorted(ends, self.next_boundary, side="right")))
-                if k >= 1:
-                    used = sched.used_blocks + np.cumsum(needs[:k])
-                    steps.add_many(ends[:k], tot[:k], gpu[:k], used, sched.num_running,
-                                   sched.num_waiting, sched.num_preemptions)
-                    sched.advance_decode(k, int(used[-1] - sched.used_blocks))
-                    now = float(ends[k - 1])
-                    continue
+                if fe is not None:
+                    end = self._front_stretch(now, tot, gpu, needs, r)
+                    if end is not None:
+                        now = end
+                        continue
+                else:
+                    ends = now + np.cumsum(tot)
+                    k = min(k,
+                            int(np.searchsorted(ends - tot, self._arrival_time(),
+                                                side="left")),
+                            int(np.searchsorted(ends, self.next_boundary, side="right")))
+                    if k >= 1:
+                        used = sched.used_blocks + np.cumsum(needs[:k])
+                        steps.add_many(ends[:k], tot[:k], gpu[:k], used, sched.num_running,
+                                       sched.num_waiting, sched.num_preemptions)
+                        sched.advance_decode(k, int(used[-1] - sched.used_blocks))
+                        now = float(ends[k - 1])
+                        continue
             plan = sched.schedule()
             if plan.tokens == 0:
                 raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
             c = cost.step(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
-            end = now + c.total_s
+            if fe is None:
+                end = now + c.total_s
+            else:
+                step_s = c.total_s + fe.step_extra(c.total_s)
+                end = now + step_s
             self._fire_windows_before(end)
             if self.aborted:
                 break
+            if fe is not None:
+                # What the client did during the step reaches the front end before the
+                # step's tokens do (the front end works in time order).
+                self._client_until(end)
             now = end
             started, finished = sched.complete(plan)
-            steps.add(now, c.total_s, c.gpu_s, sched.used_blocks, sched.num_running,
-                      sched.num_waiting, sched.num_preemptions)
-            for seq in started:
-                rec = self.records[seq.rid]
-                if rec is not None and rec.first_token_s is None:
-                    rec.first_token_s = now
+            if fe is None:
+                steps.add(now, c.total_s, c.gpu_s, sched.used_blocks, sched.num_running,
+                          sched.num_waiting, sched.num_preemptions)
+                for seq in started:
+                    rec = self.records[seq.rid]
+                    if rec is not None and rec.first_token_s is None:
+                        rec.first_token_s = now
+                for seq in finished:
+                    self._finish(seq, now)
+                continue
+            # Each decoding sequence and each one whose prefill ended produced one token.
+            seen_s = fe.emit(now, plan.num_decode + len(started))
+            steps.add(now, step_s, c.gpu_s, sched.used_blocks, sched.num_running,
+                      sched.num_waiting, sched.num_preemptions, seen_s)
             for seq in finished:
-                self._finish(seq, now)
+                heapq.heappush(self.delivery, (seen_s, seq.rid))
         return now
+
+    def _front_stretch(self, now: float, tot: np.ndarray, gpu: np.ndarray,
+                       needs: np.ndarray, r: int) -> float | None:
+        """Front end: apply the steps of a decode stretch of ``r`` sequences that may run
+        in one go (engine times ``tot``); the time they end, or None when none may."""
+        fe, sched, steps = self.fe, self.sched, self.steps
+        assert fe is not None
+        # The engine's own step times bound the stretch (the front end only lengthens
+        # steps): price the front end over that prefix alone.
+        k = self._front_stretch_limit(tot.cumsum() + now, tot)
+        if k < 1:
+            return None
+        stretch = fe.stretch(now, tot[:k], r)
+        k = min(k, self._front_stretch_limit(stretch.end, stretch.dur))
+        if k < 1:
+            return None
+        used = needs[:k].cumsum() + sched.used_blocks
+        steps.add_many(stretch.end[:k], stretch.dur[:k], gpu[:k], used, sched.num_running,
+                       sched.num_waiting, sched.num_preemptions, stretch.seen[:k])
+        sched.advance_decode(k, int(used[-1] - sched.used_blocks))
+        # The last step may straddle a client event, whose work reaches the front end
+        # before that step's tokens do: price that step's tokens after it.
+        if k > 1:
+            fe.apply(stretch, k - 1, r)
+        fe.step_extra(float(tot[k - 1]))  # the debt it pays (its duration above)
+        end = float(stretch.end[k - 1])
+        self._client_until(end)
+        steps.seen[steps.n - 1] = fe.emit(end, r)
+        return end
+
+    def _front_stretch_limit(self, ends: np.ndarray, dur: np.ndarray) -> int:
+        """Front end: how many steps of a decode stretch may run in one go.
+
+        Steps must start before the next hand-over (the scheduler may admit it) and the
+        next client event that gives the front end work (an arrival, or an end that lets
+        a gated request go), and end by the next window.
+        """
+        event = self._arrival_time()
+        if self.max_concurrency is not None and self.delivery:
+            event = min(event, self.delivery[0][0])
+        if self.handover:
+            event = min(event, self.handover[0][0])
+        k = len(ends)
+        if event < math.inf:
+            k = int(np.searchsorted(ends - dur, event, side="left"))
+        if self.next_boundary < math.inf:
+            k = min(k, int(np.searchsorted(ends, self.next_boundary, side="right")))
+        return k
 
     def _fire_windows_before(self, end: float) -> None:
         # A boundary inside the coming step sees the state before it (steps are atomic).
@@ -399,6 +575,12 @@ def _stats(run: _Run, end_time: float) -> SimResult:
         busy = kv_mean = kv_max = 0.0
         pre = 0
     timeline = _timeline(st, run.window_s, end_time, nblocks)
+    fe_busy = _frontend_busy(run, measured, span)
+    notes = []
+    if fe_busy >= 0.95:
+        notes.append(f"the API server front end was busy {fe_busy:.0%} of the measured "
+                     f"window with {setup.api_server_count} server(s): it limits "
+                     "throughput (more --api-server-count, or cheaper front-end work)")
     return SimResult(
         records=[r for r in run.records if r is not None],
         aborted=run.aborted,
@@ -415,7 +597,20 @@ def _stats(run: _Run, end_time: float) -> SimResult:
         setup=setup,
         total_steps=n,
         total_preemptions=int(cum_pre[-1]) if n else 0,
+        frontend_busy_fraction=fe_busy,
+        notes=notes,
     )
+
+
+def _frontend_busy(run: _Run, measured: list[RequestRecord], span: float) -> float:
+    """The front end's CPU for the measured requests over what its servers can give in
+    the measured window (0 when the front end is not modelled)."""
+    if run.fe is None or span <= 0:
+        return 0.0
+    c = run.fe.costs
+    work = sum(c.request_s + c.token_s * len(r.chunk_times_s)
+               for r in measured if r.sent_s is not None)
+    return work / (c.servers * span)
 
 
 def _timeline(st: _Steps, window_s: float, end_time: float, nblocks: int) -> list[TimelinePoint]:

@@ -46,6 +46,25 @@ class HardwareProfile:
     per_seq_overhead_us: float
     runtime_reserve_gib: float
     platform: str = "cuda"  # "cuda" | "cpu": selects vLLM's batch defaults
+    # vLLM's API server (the front end), per front-end server process: CPU time to take
+    # one request in (HTTP parse, tokenise, hand it over to the engine) ...
+    frontend_request_ms: float = 0.0
+    # ... and to turn one output token into a client chunk (detokenise, one SSE event).
+    frontend_token_us: float = 0.0
+    # Share of that front-end CPU time taken from the engine's core: 0 = the front end has
+    # cores of its own, 1 = it runs on the engine's core (one process, one GIL).
+    frontend_engine_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("frontend_request_ms", "frontend_token_us"):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and 0 <= value < float("inf")):
+                raise ProfileError(f"hardware profile {self.name!r}: {name} must be a "
+                                   f"finite number >= 0, got {value!r}")
+        share = self.frontend_engine_share
+        if not (isinstance(share, int | float) and 0 <= share <= 1):
+            raise ProfileError(f"hardware profile {self.name!r}: frontend_engine_share must "
+                               f"be between 0 and 1, got {share!r}")
 
     @property
     def memory_bytes(self) -> float:

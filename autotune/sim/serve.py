@@ -3,9 +3,11 @@
     python -m autotune.sim.serve --model llama-3-8b --profile 4xa100-80gb \\
         --tensor-parallel-size 4 --max-num-seqs 128 --port 8000
 
-It is NOT vLLM and uses no GPU: the same scheduler and cost model as the virtual-time
-``simulate`` decide when each token is produced, and the server sleeps until then.
-Every figure it serves is simulated.
+It is NOT vLLM and uses no GPU: the same scheduler, cost model and modelled API front end
+(:mod:`autotune.sim.frontend`) as the virtual-time ``simulate`` decide when each request
+reaches the engine and when each token is produced and sent, and the server sleeps until
+then.  This process's own HTTP handling comes on top (real, and small).  Every figure it
+serves is simulated.
 
 Token counting (documented, deterministic): a text prompt counts one token per
 whitespace-separated word (``len(text.split())``); a prompt given as token ids counts
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
+import itertools
 import json
 import os
 import re
@@ -30,13 +34,14 @@ import sys
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
 from autotune.sim.config import ConfigRefused, EngineConfig, EngineSetup, resolve
 from autotune.sim.costmodel import CostModel
 from autotune.sim.engine import error_body, request_problem
+from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Scheduler, Seq
 
@@ -106,6 +111,14 @@ class RealtimeEngine:
         self.ttft_counts = [0] * len(TTFT_BUCKETS)
         self.ttft_sum = 0.0
         self.ttft_count = 0
+        costs = FrontEndCosts.for_setup(setup)
+        # The modelled API front end (None when the profile gives it no cost): requests it
+        # is taking in, and hand-overs and token deliveries due at (perf_counter, order).
+        self.fe = FrontEnd(costs) if costs.active else None
+        self.in_front: set[int] = set()
+        self.due: list[tuple[float, int, Callable[[], None]]] = []
+        self.due_order = itertools.count()
+        self.due_wake = asyncio.Event()
 
     def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[int, asyncio.Queue[str]]:
         rid = self.next_rid
@@ -113,9 +126,47 @@ class RealtimeEngine:
         seq = Seq(rid, prompt_tokens, max_tokens)
         q: asyncio.Queue[str] = asyncio.Queue()
         self.queues[rid], self.seqs[rid] = q, seq
-        self.sched.add(seq)
-        self.wake.set()
+        if self.fe is None:
+            self.sched.add(seq)
+            self.wake.set()
+        else:
+            self.in_front.add(rid)
+            self._at(self.fe.take_request(time.perf_counter()), lambda: self._hand_over(seq))
         return rid, q
+
+    def _hand_over(self, seq: Seq) -> None:
+        if seq.rid in self.in_front:  # not aborted while the front end had it
+            self.in_front.discard(seq.rid)
+            self.sched.add(seq)
+            self.wake.set()
+
+    def _at(self, when: float, action: Callable[[], None]) -> None:
+        """Run ``action`` at perf_counter ``when`` (ties in the order they were asked)."""
+        heapq.heappush(self.due, (when, next(self.due_order), action))
+        self.due_wake.set()
+
+    async def _run_due(self) -> None:
+        """The front end's clock: run each hand-over and delivery when it is due."""
+        while not self.stopping:
+            delay = self.due[0][0] - time.perf_counter() if self.due else None
+            if delay is not None and delay <= 0:
+                heapq.heappop(self.due)[2]()
+                continue
+            self.due_wake.clear()
+            try:
+                await asyncio.wait_for(self.due_wake.wait(), delay)
+            except asyncio.TimeoutError:
+                pass
+
+    def _deliver(self, tokens: list[int], done: list[int]) -> None:
+        for rid in tokens:
+            q = self.queues.get(rid)
+            if q is not None:
+                q.put_nowait(TOKEN)
+        for rid in done:
+            q = self.queues.pop(rid, None)
+            if q is not None:
+                q.put_nowait(DONE)
 
     def abort(self, rid: int) -> None:
         # Applied between steps: a step in flight already holds blocks for it.
@@ -128,33 +179,51 @@ class RealtimeEngine:
         for q in self.queues.values():
             q.put_nowait(CLOSED)
         self.wake.set()
+        self.due_wake.set()
 
     def _apply_aborts(self) -> None:
         for rid in self.to_abort:
             seq = self.seqs.pop(rid, None)
             self.queues.pop(rid, None)
-            if seq is not None:
+            if seq is None:
+                continue
+            if rid in self.in_front:
+                self.in_front.discard(rid)  # the engine never saw it
+            else:
                 self.sched.abort(seq)
         self.to_abort.clear()
 
     async def run(self) -> None:
-        sched, cost = self.sched, self.cost
+        due = asyncio.create_task(self._run_due()) if self.fe is not None else None
+        try:
+            await self._run()
+        finally:
+            if due is not None:
+                due.cancel()
+                await asyncio.gather(due, return_exceptions=True)
+
+    async def _run(self) -> None:
+        sched, cost, fe = self.sched, self.cost, self.fe
         while not self.stopping:
             self._apply_aborts()
             if sched.idle:
                 self.wake.clear()
                 await self.wake.wait()
-                self.clock = time.perf_counter()  # an idle engine starts when work arrives
+                now = time.perf_counter()  # an idle engine starts when work arrives
+                if fe is not None:
+                    fe.idle(now - self.clock)
+                self.clock = now
                 continue
             plan = sched.schedule()
             if plan.tokens == 0:  # cannot happen for a config that resolved; do not spin
                 await asyncio.sleep(0.01)
                 continue
             c = cost.step(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            step_s = c.total_s if fe is None else c.total_s + fe.step_extra(c.total_s)
             # While busy, each step ends exactly one step time after the previous end, so
             # late wake-ups (sleep overshoot, a loaded CPU) never accumulate: a late step
             # delivers its tokens late, and the next one catches up.
-            target = self.clock + c.total_s
+            target = self.clock + step_s
             delay = target - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -164,17 +233,17 @@ class RealtimeEngine:
             for seq in started:
                 if not seq.segments:  # first stint: the prompt was processed once
                     self.prompt_tokens_total += seq.prompt_tokens
-            for seq in (*decoding, *started):
-                q = self.queues.get(seq.rid)
-                if q is not None:
-                    q.put_nowait(TOKEN)
-            self.generation_tokens_total += len(decoding) + len(started)
-            for seq in finished:
-                q = self.queues.pop(seq.rid, None)
-                self.seqs.pop(seq.rid, None)
-                if q is not None:
-                    q.put_nowait(DONE)
-                self.finished_total += 1
+            tokens = [seq.rid for seq in (*decoding, *started)]
+            done = [seq.rid for seq in finished]
+            self.generation_tokens_total += len(tokens)
+            for rid in done:
+                self.seqs.pop(rid, None)
+            self.finished_total += len(done)
+            if fe is None:
+                self._deliver(tokens, done)
+            else:  # the client has them once the front end has sent them
+                self._at(fe.emit(target, len(tokens)), lambda t=tokens, d=done:
+                         self._deliver(t, d))
             if self.crash_after is not None and self.finished_total >= self.crash_after:
                 log("ERROR", "EngineCore encountered a fatal error (simulated fault: "
                     f"--crash-after {self.crash_after}): RuntimeError: Engine core died "
@@ -420,6 +489,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--api-server-count", type=int, default=1,
+                   help="API-server processes: they share the modelled front end's work")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--startup-delay-s", type=float, default=3.0,
@@ -477,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        block_size=args.block_size)
+        block_size=args.block_size, api_server_count=args.api_server_count)
     node = hardware.label
     if not _COUNTED.match(args.profile.strip()):
         # "a100-80gb" names the GPU, not the node: say how many GPUs that profile has.

@@ -520,6 +520,10 @@ def run_sweep(
                         on_point(point)
                     continue
                 p = replace(plan, max_concurrency=conc)
+                if p.steady is not None:
+                    # A failing point runs its full window too: its req/s and tok/s are
+                    # then the server's, not those of the seconds the fail took to show.
+                    p = replace(p, steady=replace(p.steady, stop_when_failed=False))
                 if real:
                     with real_telemetry(_endpoint(backend), nvml=True) as extra:
                         result = evaluate(backend, flags, rate, p)
@@ -555,9 +559,16 @@ def run_sweep(
 
 
 def _how(spec: SweepSpec, plan: LoadPlan, backend: Backend) -> str:
-    return (f"{backend.source}: {spec.describe()}; every point a full load test of "
-            f"{len(plan.requests)} measured requests after {plan.warmup} warm-up requests "
-            f"(excluded), {plan.process} arrivals, seed {plan.seed}, no pruning")
+    if plan.steady is None:
+        size = (f"every point a full load test of {len(plan.requests)} measured requests "
+                f"after {plan.warmup} warm-up requests (excluded)")
+    else:
+        lo, hi = plan.steady.min_s(plan.slo), plan.steady.max_s(plan.slo)
+        size = (f"every point a load test sized by time after {plan.warmup} warm-up "
+                f"requests (excluded): at least {lo:g} s of arrivals, failing points "
+                f"included, up to {hi:g} s while its verdict is uncertain")
+    return f"{backend.source}: {spec.describe()}; {size}, {plan.process} arrivals, " \
+           f"seed {plan.seed}, no pruning"
 
 
 def _series(res: SweepResult) -> dict[str, list[SweepPoint]]:

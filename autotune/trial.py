@@ -341,7 +341,10 @@ class _SteadyFeed:
         self.evidence = ev
         if self.on_evidence is not None:
             self.on_evidence(ev)
-        if ev.verdict != INCONCLUSIVE or ev.at_s >= self.max_s or over:
+        certain = ev.verdict != INCONCLUSIVE and (
+            ev.verdict != FAIL or self.rule.stop_when_failed
+            or ev.at_s >= self.rule.min_s(self.plan.slo))
+        if certain or ev.at_s >= self.max_s or over:
             self.cut = over and ev.verdict == INCONCLUSIVE and ev.at_s < self.max_s
             self.stopped_at = now
             return True

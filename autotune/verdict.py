@@ -73,7 +73,10 @@ class SteadyState:
     ``min_duration_s``: arrivals last at least this long before a pass (None: the
     SLO's :func:`default_min_duration`); ``max_duration_s``: the cap an inconclusive
     test may run on to (None: 3x the minimum); ``min_requests``: a pass also needs this
-    many measured arrivals (``--num-prompts``).
+    many measured arrivals (``--num-prompts``).  ``stop_when_failed``: a certain fail
+    ends the test at once (a search needs only the verdict); off, it runs on to the
+    minimum duration like a pass (a sweep wants every point's figures over a full
+    window, not over the few seconds a fail took to become certain).
     """
 
     min_duration_s: float | None = None
@@ -84,6 +87,7 @@ class SteadyState:
     served_share: float = 0.97
     backlog_share: float = 0.02
     check_every_s: float = 5.0
+    stop_when_failed: bool = True
 
     def __post_init__(self) -> None:
         lo, hi = self.min_duration_s, self.max_duration_s

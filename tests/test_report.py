@@ -316,6 +316,8 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
     assert set(df["purpose"]) == {"trial", "refinement", "validation"}
     rec = json.loads((out / "recommendation.json").read_text())
     assert (df["purpose"] == "validation").sum() == len(rec["validation"]["runs"])
+    # The report's source line counts the trials' load tests, not one per trial.
+    assert f"study simrep: {sum(probes.values())} load tests, warm-up excluded" in md
 
 
 def test_importances_count_every_finished_config_and_say_so(report):

@@ -204,6 +204,8 @@ def test_hang_at_startup_never_listens_but_stops_on_sigterm() -> None:
 
 def test_real_time_agrees_with_virtual_time() -> None:
     """Same config, workload and arrival schedule: HTTP vs simulate (both simulated)."""
+    import statistics
+
     from autotune import loadgen
 
     n, rate, seed = 120, 20.0, 7
@@ -216,14 +218,27 @@ def test_real_time_agrees_with_virtual_time() -> None:
         res = loadgen.run_load_test_sync(
             loadgen.LoadTestConfig(url=url, model="tiny", rate=rate, warmup=0, seed=seed),
             reqs)
+        # What the real path adds on this host right now: one HTTP exchange with the
+        # same server (on a quiet host about 1 ms; under CI's parallel tests several).
+        with httpx.Client(base_url=url) as client:
+            rtts = []
+            for _ in range(20):
+                t0 = time.perf_counter()
+                client.get("/v1/models")
+                rtts.append(time.perf_counter() - t0)
     h = summarize(res.records)
     assert h.num_completed == n, h.failure_reasons
+    assert [r.output_tokens for r in res.records] == [r.output_tokens
+                                                      for r in virtual.records]
     assert h.output_throughput == pytest.approx(v.output_throughput, rel=0.05)
-    # Not P99: of 120 requests it is the second-largest, which one late wake-up of the
-    # server's event loop on a busy 2-core host moved by 93 ms (a CI run under load).
-    # The median and the mean hold the whole distribution to the virtual one.
-    assert h.e2e.p50 == pytest.approx(v.e2e.p50, rel=0.10)
-    assert h.e2e.mean == pytest.approx(v.e2e.mean, rel=0.10)
+    # Request by request, the real-time server takes what virtual time says plus the
+    # transport: never markedly less (it paces by the same model), and over the median
+    # not more than 10% plus a few HTTP exchanges.  Not a fixed P99: of 120 requests it
+    # is the second-largest, which one late wake-up on a busy host moved by 93 ms.
+    excess = statistics.median(r.e2e_s - w.e2e_s
+                               for r, w in zip(res.records, virtual.records, strict=True))
+    assert excess >= -0.05 * v.e2e.p50
+    assert excess <= 0.10 * v.e2e.p50 + 3 * statistics.median(rtts)
     assert h.ttft.p50 == pytest.approx(v.ttft.p50, rel=0.5, abs=0.02)
 
 

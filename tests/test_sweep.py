@@ -27,7 +27,7 @@ from autotune.sweep import (
     run_sweep,
 )
 from autotune.testing.fake_server import FakeServer
-from autotune.trial import Backend, LoadPlan, LoadRun, SimBackend
+from autotune.trial import Backend, LoadPlan, LoadRun, SimBackend, evaluate
 from autotune.workload import Request
 
 runner = CliRunner()
@@ -293,3 +293,30 @@ def test_real_vllm_cpu_sweep_over_max_num_seqs(
     running = [float(r["running_max"]) for r in rows]
     assert running[0] == 1 and running[2] > 4, running
     assert "knee" in stdout
+
+
+def test_a_failing_point_runs_its_full_window_so_its_figures_are_the_servers() -> None:
+    """A search stops a test once its fail is certain; a sweep point runs on to the
+    minimum duration.  Before, an overloaded point stopped after a few seconds and its
+    req/s column read 0.30 at an offered 30 req/s (3 requests completed)."""
+    from autotune.verdict import SteadyState
+
+    reqs = _requests(5000)
+    plan = LoadPlan(slo=parse_slo("10s"), requests=reqs[100:], warmup_requests=reqs[:100],
+                    warmup=100, steady=SteadyState(min_duration_s=40.0, max_duration_s=60.0))
+    backend = SimBackend("1xa100-80gb", "llama-3-8b")
+    flags = {"max_num_seqs": 8}
+    spec = SweepSpec(rates=[40, 80], concurrencies=[None], base_flags=flags)
+    points = run_sweep(spec, backend, plan).points
+    for point in points:
+        ev = point.result.evidence
+        assert ev is not None and ev.verdict == "fail" and point.overloaded
+        assert ev.at_s >= 40.0  # ran on to the minimum duration, failing as it was
+    # The search's rule on the same test stops as soon as the fail is certain.
+    searched = evaluate(backend, flags, 40.0, plan)
+    assert searched.evidence is not None
+    assert searched.evidence.at_s < points[0].result.evidence.at_s
+    # Over a full window, both overloaded points serve what the server can: the same
+    # service rate, whatever the offered rate above it.
+    low, high = (p.summary.request_throughput for p in points)
+    assert low == pytest.approx(high, rel=0.2) and low < 40.0

@@ -128,7 +128,8 @@ def provenance(data: StudyData, rows: Sequence[Mapping[str, Any]] | None = None)
             else "SIMULATED" if simulated else "measured" if measured else "unknown source")
     backends = sorted({str(r.get("backend")) for r in rows if r.get("backend")})
     hw = hardware(data)
-    tests = sum(1 for r in rows if r.get("num_measured"))
+    tests = sum(int(r.get("load_tests") or (1 if r.get("num_measured") else 0))
+                for r in rows)
     parts = [kind + (f" ({'; '.join(sources)})" if sources else ""),
              f"backend {', '.join(backends) or 'not recorded'}", f"hardware {hw}",
              f"study {data.name}: {tests} load tests, warm-up excluded"]
@@ -245,7 +246,8 @@ def trials_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Any:
                      r.get("goodput_tokens") if r.get("feasible") else None,
                      r.get("ttft_p99_s"), r.get("e2e_p99_s"), r.get("attainment"),
                      r.get("gpu_util_mean_pct"), why[:120]])
-    return table_from(headers, body, title="Every trial (one load test each)", left=3,
+    return table_from(headers, body, left=3,
+                      title="Every trial (a row each: its load test at the rate shown)",
                       kinds={3: "rate", 4: "rate", 7: "s", 8: "s", 9: "frac", 10: "pct"},
                       note="goodput counts only requests that finished without error and "
                            "within every SLO limit, per second of the measured window; it "

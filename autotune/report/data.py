@@ -147,6 +147,8 @@ def trial_row(trial: Any, study_name: str) -> dict[str, Any]:
         "trial": t.number,
         "config_json": config,
         "rate": t.rate,
+        # Every load test of the trial's rate search (its row shows the one at its rate).
+        "load_tests": len(t.ceiling.get("probes") or []) or None,
         "request_throughput": t.measured("request_throughput"),
         "output_throughput": t.measured("output_throughput"),
         "total_token_throughput": t.measured("total_token_throughput"),

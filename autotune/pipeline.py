@@ -669,7 +669,11 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
         e2e = next((c for c in p.get("checks") or [] if c.get("label", "").endswith("e2e")),
                    None) or {}
         util = p.get("gpu_util")
-        row = table_row(p["rate"], goodput_tokens=(p.get("evidence") or {}).get("goodput_tokens"),
+        # A failed test's cohort goodput is not one that holds (a test stopped once its
+        # fail was certain showed more than the ceiling's): only a pass has a goodput.
+        passed = p.get("verdict") == "pass"
+        row = table_row(p["rate"], goodput_tokens=(p.get("evidence") or {}).get(
+                            "goodput_tokens") if passed else None,
                         p99_e2e_s=e2e.get("observed_s"),
                         gpu_util_pct=None if util is None else 100.0 * util,
                         feasible=p.get("verdict") == "pass",
@@ -680,7 +684,8 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
     for run in (rec.validation or {}).get("runs") or []:
         pct = run.get("percentiles") or {}
         p99 = next((v for k, v in pct.items() if k.endswith("e2e")), None)
-        row = table_row(run["rate"], goodput_tokens=run.get("goodput_tokens"), p99_e2e_s=p99,
+        row = table_row(run["rate"], goodput_tokens=run.get("goodput_tokens")
+                        if run.get("verdict") == "pass" else None, p99_e2e_s=p99,
                         gpu_util_pct=None,
                         feasible=run.get("verdict") == "pass", pruned_by=None,
                         measured=measured)
@@ -691,7 +696,8 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
                      "time and stopped when its steady-state verdict was certain) and the "
                      "validation runs at the cap. Goodput tok/s: output tokens of the judged "
                      "requests that met the SLO per second of their arrivals, the "
-                     "steady-state figure the trial's value is.")
+                     "steady-state figure the trial's value is; '-' where the test did "
+                     "not pass, as a goodput that does not hold is none.")
 
 
 def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console) -> None:

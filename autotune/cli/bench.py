@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -72,6 +72,44 @@ def _positive(name: str, value: float | None, *, allow_inf: bool = False) -> Non
         raise UsageError(f"{name} must be greater than 0, got {value:g}")
     if value == float("inf") and not allow_inf:
         raise UsageError(f"{name} must be finite, got inf")
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """What ``autotune bench`` was given: one typed, frozen object, not a bag of options."""
+
+    url: str = 'http://127.0.0.1:8000'
+    model: str | None = None
+    rate: float = 1.0
+    max_concurrency: int | None = None
+    num_prompts: int = 1000
+    warmup: int = 100
+    dataset: Dataset = Dataset.sharegpt
+    dataset_path: Path | None = None
+    input_len: int = 256
+    output_len: int = 128
+    length_spread: float = 0.0
+    length_distribution: str = 'lognormal'
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    endpoint: Endpoint = Endpoint.completions
+    arrival: Arrival = Arrival.poisson
+    burstiness: float = 1.0
+    request_timeout: float = 600.0
+    transport: Transport = Transport.native
+    slo_p99: str | None = None
+    slo: str | None = None
+    seed: int = 0
+    api_key: str | None = None
+    output: Path | None = None
+    output_format: OutputFormat = OutputFormat.autotune
+    csv: Path | None = None
+    backend: BenchBackend = BenchBackend.http
+    profile: str | None = None
+    param: list[str] | None = None
+    min_duration: str | None = None
+    max_duration: str | None = None
+    duration: str | None = None
 
 
 @app.command("bench")
@@ -142,14 +180,13 @@ def bench(
     """Load-test a server: warm-up, then a measured window at one rate; with an SLO,
     sized by time and judged pass / fail / inconclusive on steady-state evidence."""
     with one_line_errors():
-        _bench(**locals())
+        _bench(BenchOptions(**locals()))
 
 
-def _bench(**opts: object) -> None:
+def _bench(o: BenchOptions) -> None:
     from autotune import diagnose, loadgen, tokenizer, workload
     from autotune.slo import combine
 
-    o = SimpleNamespace(**opts)
     slo = combine(o.slo_p99, o.slo) if (o.slo_p99 or o.slo) else None
     _positive("--rate", o.rate, allow_inf=True)
     _positive("--burstiness", o.burstiness)
@@ -173,7 +210,7 @@ def _bench(**opts: object) -> None:
     check_writable(o.output, "--output")
     check_writable(o.csv, "--csv")
     sim = o.backend is BenchBackend.sim
-    flags = _sim_flags(o) if sim else {}
+    flags, profiles = _sim_flags(o) if sim else ({}, None)
     url = str(o.url).rstrip("/")
     served = None
     if sim:
@@ -186,7 +223,7 @@ def _bench(**opts: object) -> None:
         first = served.first_model  # a server with no model is refused even when named
         model = o.model or first
     context = o.max_model_len or (
-        int(flags.get("max_model_len") or o.sim_model.max_model_len) if sim
+        int(flags.get("max_model_len") or profiles[1].max_model_len) if profiles
         else served.max_model_len if served is not None and served.max_model_len
         else DEFAULT_CONTEXT)
     total = o.num_prompts + o.warmup
@@ -214,8 +251,8 @@ def _bench(**opts: object) -> None:
     warm, measured = wl.requests[: o.warmup], wl.requests[o.warmup:]
 
     if sim or steady is not None:
-        summary, records, evidence, where = _run_judged(o, slo, steady, flags, model, url,
-                                                        warm, measured, source)
+        summary, records, evidence, where = _run_judged(o, slo, steady, flags, profiles,
+                                                        model, url, warm, measured, source)
     else:
         summary, records = _run_http(o, url, model, warm, measured, source)
         evidence, where = None, f"{model} at {url}"
@@ -275,7 +312,7 @@ def _horizon(slo: Any) -> float:
     return horizon(slo)
 
 
-def _steady(o: SimpleNamespace, slo: Any) -> Any:
+def _steady(o: BenchOptions, slo: Any) -> Any:
     """The steady-state rule when an SLO asks for a verdict; None otherwise."""
     from autotune.options import duration as _duration
     from autotune.verdict import SteadyState, VerdictError
@@ -297,8 +334,9 @@ def _steady(o: SimpleNamespace, slo: Any) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _sim_flags(o: SimpleNamespace) -> dict[str, Any]:
-    """The simulated config: the profile's model plus ``--param`` flags."""
+def _sim_flags(o: BenchOptions) -> tuple[dict[str, Any], tuple[Any, Any]]:
+    """The simulated config (the profile's model plus ``--param`` flags) and the
+    (hardware, model) profiles it runs on."""
     from autotune.cli.ceiling import parse_params
     from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
@@ -309,24 +347,24 @@ def _sim_flags(o: SimpleNamespace) -> dict[str, Any]:
         model = load_model(mdl)
     except (ProfileError, OSError, ValueError) as exc:
         raise UsageError(f"--profile {o.profile}: {exc}") from None
-    o.hardware, o.sim_model = hardware, model
     flags: dict[str, Any] = {"model": model.hf_id}
     flags.update(parse_params(o.param))
-    return flags
+    return flags, (hardware, model)
 
 
-def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any], model: str,
-                url: str, warm: list[Any], measured: list[Any], source: str
-                ) -> tuple[Any, Any, Any, str]:
+def _run_judged(o: BenchOptions, slo: Any, steady: Any, flags: dict[str, Any],
+                profiles: tuple[Any, Any] | None, model: str, url: str, warm: list[Any],
+                measured: list[Any], source: str) -> tuple[Any, Any, Any, str]:
     """One load test through the trial runner: the simulator, or the server at ``url``
     with the steady-state stop rule; progress lines as the evidence comes in."""
     from autotune.server import AttachedServer
     from autotune.slo import SLO
     from autotune.trial import LoadPlan, ServerBackend, SimBackend, evaluate
 
-    if o.backend is BenchBackend.sim:
-        backend: Any = SimBackend(o.hardware, o.sim_model)
-        where = f"{flags} on {o.hardware.label}, {o.sim_model.name} (simulated, virtual time)"
+    if profiles is not None:
+        hardware, sim_model = profiles
+        backend: Any = SimBackend(hardware, sim_model)
+        where = f"{flags} on {hardware.label}, {sim_model.name} (simulated, virtual time)"
     else:
         backend = ServerBackend(AttachedServer(url), name="http", model=model,
                                 endpoint=o.endpoint.value, api_key=o.api_key, nvml=False,
@@ -351,7 +389,7 @@ def _run_judged(o: SimpleNamespace, slo: Any, steady: Any, flags: dict[str, Any]
     return result.summary, result.records, result.evidence, where
 
 
-def _run_http(o: SimpleNamespace, url: str, model: str, warm: list[Any], measured: list[Any],
+def _run_http(o: BenchOptions, url: str, model: str, warm: list[Any], measured: list[Any],
               source: str) -> tuple[Any, Any]:
     """A fixed-count load test without a verdict, as vLLM's benchmark runs one."""
     from autotune import loadgen

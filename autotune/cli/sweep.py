@@ -11,8 +11,8 @@ from __future__ import annotations
 import datetime as dt
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -46,6 +46,42 @@ PLOTTED = (
     ("gpu_util_mean_pct", "GPU util mean (%)"),
     ("kv_usage_max", "KV-cache usage max (0..1)"),
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepOptions:
+    """What ``autotune sweep`` was given: one typed, frozen object, not a bag of options."""
+
+    rate: str | None = None
+    concurrency: str | None = None
+    param: str | None = None
+    set_: list[str] | None = None
+    backend: str | None = None
+    profile: str | None = None
+    model_profile: str | None = None
+    gpus: int | None = None
+    model: str | None = None
+    vllm_cmd: str = 'vllm serve'
+    url: str | None = None
+    num_prompts: int = 1000
+    warmup: int = 100
+    dataset: str = 'sharegpt'
+    input_len: int = 256
+    output_len: int = 128
+    length_spread: float = 0.5
+    length_distribution: str = 'lognormal'
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    arrival: str = 'poisson'
+    slo_p99: str | None = None
+    slo: str | None = None
+    knee_gain: float = 0.1
+    knee_rise: float = 0.5
+    seed: int = 0
+    min_duration: str | None = None
+    max_duration: str | None = None
+    out: Path | None = None
+    no_plot: bool = False
 
 
 @app.command("sweep")
@@ -111,7 +147,7 @@ def sweep(
 ) -> None:
     """Sweep one variable (rate, concurrency or one server flag), everything else fixed."""
     with one_line_errors():
-        _sweep(SimpleNamespace(**locals()))
+        _sweep(SweepOptions(**locals()))
 
 
 # ----------------------------------------------------------------------------- validation
@@ -127,7 +163,7 @@ def _flag(text: str) -> tuple[str, Any]:
     return name, _coerce(value)
 
 
-def _spec(o: SimpleNamespace) -> Any:
+def _spec(o: SweepOptions) -> Any:
     from autotune.sweep import SweepError, SweepSpec, parse_param, parse_values
 
     try:
@@ -148,7 +184,7 @@ def _spec(o: SimpleNamespace) -> Any:
         raise UsageError(str(exc)) from None
 
 
-def _positive(o: SimpleNamespace) -> None:
+def _positive(o: SweepOptions) -> None:
     for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
                              ("--input-len", o.input_len, 1), ("--output-len", o.output_len, 1)):
         if value < low:
@@ -163,7 +199,7 @@ def _positive(o: SimpleNamespace) -> None:
         raise UsageError(f"unknown --arrival {o.arrival!r}; use poisson, gamma or constant")
 
 
-def _sim_profile(o: SimpleNamespace, spec: Any) -> tuple[str, str, int]:
+def _sim_profile(o: SweepOptions, spec: Any) -> tuple[str, str, int]:
     from autotune.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
@@ -181,7 +217,7 @@ def _sim_profile(o: SimpleNamespace, spec: Any) -> tuple[str, str, int]:
     return hw, mdl, count
 
 
-def _out_dir(o: SimpleNamespace) -> Path:
+def _out_dir(o: SweepOptions) -> Path:
     folder = o.out or Path("studies") / dt.datetime.now().strftime("sweep-%Y%m%d-%H%M%S")
     if folder.exists() and not folder.is_dir():
         raise UsageError(f"--out {folder} is a file; give a folder")
@@ -199,7 +235,7 @@ def _out_dir(o: SimpleNamespace) -> Path:
 # ----------------------------------------------------------------------------- main
 
 
-def _sweep(o: SimpleNamespace) -> None:
+def _sweep(o: SweepOptions) -> None:
     from autotune.slo import combine
 
     spec = _spec(o)
@@ -260,7 +296,7 @@ def _sweep(o: SimpleNamespace) -> None:
         raise typer.Exit(1)
 
 
-def _context(o: SimpleNamespace, spec: Any, kind: str) -> int:
+def _context(o: SweepOptions, spec: Any, kind: str) -> int:
     """The ShareGPT length limit: --max-model-len, else the swept config's, else what an
     attached server reports, else the default."""
     if o.max_model_len:
@@ -276,7 +312,7 @@ def _context(o: SimpleNamespace, spec: Any, kind: str) -> int:
     return DEFAULT_CONTEXT
 
 
-def _workload(o: SimpleNamespace, context: int) -> Any:
+def _workload(o: SweepOptions, context: int) -> Any:
     from autotune.tokenizer import load_tokenizer
     from autotune.workload import build_workload
 
@@ -293,7 +329,7 @@ def _workload(o: SimpleNamespace, context: int) -> Any:
     return wl
 
 
-def _plan(o: SimpleNamespace, slo: Any, wl: Any) -> Any:
+def _plan(o: SweepOptions, slo: Any, wl: Any) -> Any:
     """Each point is the steady-state load test of search and ceiling (sized by time,
     judged pass / fail / inconclusive), unless ``--min-duration count`` asks for
     fixed-count points."""
@@ -308,7 +344,7 @@ def _plan(o: SimpleNamespace, slo: Any, wl: Any) -> Any:
                     steady=steady)
 
 
-def _backend(o: SimpleNamespace, kind: str, sim: tuple[str, str, int] | None,
+def _backend(o: SweepOptions, kind: str, sim: tuple[str, str, int] | None,
              folder: Path) -> Any:
     from autotune.trial import ServerBackend, SimBackend
 

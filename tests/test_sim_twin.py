@@ -177,6 +177,7 @@ def test_yaml_round_trips_through_load_hardware(tmp_path: Path) -> None:
               "peak_tflops", "memory_gib", "frontend_engine_share"):
         assert getattr(back, f) == pytest.approx(getattr(fit.profile, f), rel=1e-5), f
     assert back.gpus == fit.profile.gpus and back.platform == fit.profile.platform
+    assert load_hardware(f"2x{path}").gpus == 2  # a GPU count, as for shipped names
     text = twin_yaml(fit)
     assert "# - compute: x" in text and "fitted; x" in text
 

@@ -376,11 +376,16 @@ def markdown(d: dict[str, Any]) -> list[str]:
                        f" | {row['feasibility_agrees']}/{row['configs']} | "
                        f"{'-' if rms is None else f'{rms:.3f}'} | {cell('compute')} | "
                        f"{cell('bandwidth')} | {cell('overheads')} | {cell('front_end')} |")
+        h = d["hidden"]
+        out.append(f"| hidden (the truth) | | | | | | x{h['compute']:g} | x{h['bandwidth']:g} | "
+                   f"x{h['overheads']:g} | x{h['front_end']:g} |")
+        out += ["", "Factors: fitted value ± the standard error of its natural log; "
+                "'held at 1': the shipped profile gives those fields 0 (not modelled)."]
         hit = r["trials_to_within_10pct"]
         out += ["", f"**Headline (same run): {r['scenario']}: the twin's predicted ceilings "
                 f"came within 10% (median over configs) after "
                 f"{hit if hit is not None else 'more than ' + str(max(x['k'] for x in r['by_k']))}"
-                f" real trials (target <= {TARGET_TRIALS}: "
+                f" real trial{'' if hit == 1 else 's'} (target <= {TARGET_TRIALS}: "
                 f"{'met' if r['target_met'] else 'NOT met'}); hidden factors {d['hidden']}**",
                 ""]
     return out

@@ -212,10 +212,12 @@ class ObservedTest:
         if any(p not in by_pos for p in range(max(by_pos) + 1)):
             raise TwinError(f"{what}: records are missing for some requests (the test's "
                             "records are incomplete)")
-        scheduled = np.array([by_pos[p].scheduled_s for p in range(max(by_pos) + 1)])
-        # Arrival offsets ascend with position (one schedule): the slice that covers a
-        # scored set ends at the last arrival before its last end.
-        arrived_by = np.maximum.accumulate(scheduled)
+        # When the client let each request go (its schedule plus the client's own lag):
+        # what the server saw, and what a max-concurrency gate then held back.
+        arrived = np.array([_released(by_pos[p]) for p in range(max(by_pos) + 1)])
+        # Arrivals ascend with position (one schedule): the slice that covers a scored
+        # set ends at the last arrival before its last end.
+        arrived_by = np.maximum.accumulate(arrived)
         ends = np.maximum.accumulate([float(by_pos[p].end_s or 0.0) for p in ok])
         stops = np.searchsorted(arrived_by, ends, side="right") - 1
         stops = np.maximum(stops, ok)
@@ -223,14 +225,18 @@ class ObservedTest:
         n_scored = int(np.searchsorted(stops, budget, side="right"))
         ok = ok[:max(n_scored, 1)]
         keep = range(int(stops[len(ok) - 1]) + 1)
-        t0 = min(by_pos[p].scheduled_s for p in keep)
+        t0 = float(arrived[: len(keep)].min())
         figures = figures_of([by_pos[p] for p in ok])
         return cls(flags=flags, rate=rate,
                    prompt_tokens=tuple(int(requests[p].prompt_tokens) for p in keep),
                    output_tokens=tuple(int(requests[p].output_tokens) for p in keep),
-                   arrivals_s=tuple(float(by_pos[p].scheduled_s - t0) for p in keep),
+                   arrivals_s=tuple(float(arrived[p] - t0) for p in keep),
                    warmup=warmup, scored=tuple(ok), measured=figures,
                    max_concurrency=max_concurrency, trial=trial, label=label)
+
+
+def _released(r: RequestRecord) -> float:
+    return float(r.dispatched_s if r.dispatched_s is not None else r.scheduled_s)
 
 
 def sent_requests(plan: LoadPlan, rate: float) -> list[Request]:

@@ -63,6 +63,10 @@ BENCHMARKS = [
           "sim_fidelity.py", "output",
           full_args=("--server-env", "OMP_NUM_THREADS=1",
                      "--write-profile", "autotune/sim/profiles/hardware.cpu-tiny.yaml")),
+    # Virtual time only: one process per core, about 10 CPU minutes (a ceiling search
+    # per config on the hidden server, four fits, five rounds of predictions).
+    Bench("twin_recovery", "7. Twin: recovery from a wrong prior, in virtual time",
+          "twin_recovery.py", "output"),
     Bench("workload_load", "Workload build time", "workload_load.py", "text",
           smoke_flag=False),
 ]

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import metric_agreement  # noqa: E402
 import tool_comparison  # noqa: E402
+import twin_recovery  # noqa: E402
 
 from benchmarks import __main__ as bench_main  # noqa: E402
 from benchmarks.results import BenchRun, parse_json_output, render  # noqa: E402
@@ -168,3 +169,18 @@ def test_search_scenarios_is_registered_and_search_efficiency_gone() -> None:
     assert (ROOT / "benchmarks" / b.script).exists()
     cmd = bench_main.command_for(b, True, ROOT / "benchmarks" / "results" / "x.json")
     assert "--smoke" in cmd and "--seeds" not in cmd
+
+
+def test_twin_recovery_smoke(tmp_path: Path) -> None:
+    assert "twin_recovery" in {b.name for b in bench_main.BENCHMARKS}
+    out = tmp_path / "twin.json"
+    assert twin_recovery.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    (res,) = data["results"]
+    ks = [row["k"] for row in res["by_k"]]
+    assert ks == [0, *twin_recovery.SMOKE.ks]
+    fitted = res["by_k"][-1]["factors"]
+    assert set(fitted) == set(twin_recovery.HIDDEN)
+    assert res["by_k"][-1]["fit_rms_log_error"] is not None
+    lines = twin_recovery.markdown(data)
+    assert any(line.startswith("**Headline (same run):") for line in lines)

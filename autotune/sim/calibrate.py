@@ -297,19 +297,28 @@ def profile_yaml(cal: Calibration, header: Sequence[str],
     Every field of the profile is written (so the file is complete on its own); the
     fitted ones say so on their line, others carry ``comments[field]`` when given.
     """
+    return hardware_yaml(cal.hardware, header, fitted=set(cal.fitted_fields()),
+                         comments=comments)
+
+
+def hardware_yaml(hardware: HardwareProfile, header: Sequence[str], *,
+                  fitted: set[str] | frozenset[str] = frozenset(),
+                  comments: Mapping[str, str] | None = None) -> str:
+    """``hardware`` as a ``hardware.<name>.yaml`` file (``load_hardware`` reads it),
+    ``header`` as comment lines on top; the ``fitted`` fields say so on their line,
+    after which ``comments[field]`` follows (for any field)."""
     import yaml
 
     comments = dict(comments or {})
-    fitted_keys = set(cal.fitted_fields())
     lines = [f"# {h}".rstrip() for h in header]
     lines.append("kind: hardware")
-    for f in fields(cal.hardware):
-        value = getattr(cal.hardware, f.name)
+    for f in fields(hardware):
+        value = getattr(hardware, f.name)
         if isinstance(value, float):
             value = float(f"{value:.6g}")
         line = yaml.safe_dump({f.name: value}, sort_keys=False, width=1000).strip()
-        note = "fitted" if f.name in fitted_keys else comments.get(f.name, "")
-        if f.name in fitted_keys and f.name in comments:
+        note = "fitted" if f.name in fitted else comments.get(f.name, "")
+        if f.name in fitted and f.name in comments:
             note = f"fitted; {comments[f.name]}"
         lines.append(f"{line:<31} # {note}" if note else line)
     return "\n".join(lines) + "\n"

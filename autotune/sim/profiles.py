@@ -169,17 +169,36 @@ def _build(cls: type, data: dict[str, Any], path: Path) -> Any:
     return cls(**{k: v for k, v in data.items() if k in names})
 
 
-_COUNT = re.compile(r"^(\d+)\s*[x×]\s*(.+)$")
+_COUNT = re.compile(r"^(\d+)\s*[x×]\s*(.+)$", re.IGNORECASE)
 
 
 def load_hardware(name: str) -> HardwareProfile:
-    """A hardware profile by name; ``"4xa100-80gb"`` sets the GPU count to 4."""
+    """A hardware profile by name; ``"4xa100-80gb"`` sets the GPU count to 4.  A path to
+    a ``.yaml`` file (a fitted twin, ``studies/<name>/profile.fitted.yaml``) is read as
+    it is, and ``"4x<path>.yaml"`` sets its GPU count likewise."""
     count: int | None = None
-    m = _COUNT.match(name.strip().lower())
+    m = _COUNT.match(name.strip())
     if m:
         count, name = int(m.group(1)), m.group(2)
-    profile = _build(HardwareProfile, _read("hardware", name), _path("hardware", name))
+    name = name.strip()
+    if name.endswith((".yaml", ".yml")):
+        profile = _load_hardware_file(Path(name))
+    else:
+        name = name.lower()
+        profile = _build(HardwareProfile, _read("hardware", name), _path("hardware", name))
     return profile.with_gpus(count) if count is not None else profile
+
+
+def _load_hardware_file(path: Path) -> HardwareProfile:
+    if not path.is_file():
+        raise ProfileError(f"no hardware profile file {path}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise ProfileError(f"{path}: not a readable YAML file ({exc})") from None
+    if not isinstance(data, dict) or data.get("kind") != "hardware":
+        raise ProfileError(f"{path} is not a hardware profile (missing 'kind: hardware')")
+    return _build(HardwareProfile, data, path)
 
 
 def model_from_hf_config(folder: str | Path) -> ModelProfile:

@@ -89,6 +89,9 @@ class SearchOptions:
     tol: float = 0.03
     max_probes: int = 8
     validate: str = "5m"
+    twin: bool = False
+    twin_prior: str | None = None
+    twin_candidates: int = 12
 
     def __post_init__(self) -> None:
         # Typer hands repeatable options over as lists; a frozen object keeps a tuple.
@@ -140,6 +143,7 @@ class Plan:
     validate_s: float | None = None
     gpu_ids: list[int] | None = None  # CUDA_VISIBLE_DEVICES of the launched server
     env: dict[str, str] = field(default_factory=dict)  # extra environment of the server
+    twin_prior: str | None = None  # the twin's prior hardware profile (--twin), else None
 
 
 def _validate(o: SearchOptions) -> Plan:
@@ -172,6 +176,14 @@ def _validate(o: SearchOptions) -> Plan:
         raise OptionsError(f"unknown --prescreen {o.prescreen!r}; the only pre-screen is 'sim'")
     if o.prescreen and backend != "vllm":
         raise OptionsError("--prescreen sim seeds a real study: use it with --backend vllm")
+    if o.twin and backend == "attach":
+        raise OptionsError("--twin learns from the configs autotune starts, and an attached "
+                           "server runs one config: use --twin with --backend vllm")
+    if (o.twin_prior or o.twin_candidates != 12) and not o.twin:
+        raise OptionsError("--twin-prior and --twin-candidates set up the twin: add --twin")
+    if o.twin_candidates < 0:
+        raise OptionsError(f"--twin-candidates must be 0 (predict only the trial at hand) "
+                           f"or more, got {o.twin_candidates}")
     for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
                              ("--top-k", o.top_k, 1), ("--prescreen-trials",
                                                        o.prescreen_trials, 1)):
@@ -207,7 +219,7 @@ def _validate(o: SearchOptions) -> Plan:
         budget_s -= validate_s
     hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
     heads = space.attention_heads
-    if backend == "sim" or o.prescreen:
+    if backend == "sim" or o.prescreen or o.twin:
         from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
         try:
@@ -215,6 +227,11 @@ def _validate(o: SearchOptions) -> Plan:
             heads = load_model(sim_model).num_attention_heads
         except (ProfileError, OSError, ValueError) as exc:
             raise OptionsError(f"--profile {o.profile or hw}: {exc}") from None
+        if o.twin_prior:
+            try:
+                load_hardware(f"{count}x{o.twin_prior}")
+            except (ProfileError, OSError, ValueError) as exc:
+                raise OptionsError(f"--twin-prior {o.twin_prior}: {exc}") from None
     name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
     validate_name(name)
     url = storage_url(name, o.storage, o.studies_dir)
@@ -237,7 +254,8 @@ def _validate(o: SearchOptions) -> Plan:
         max_probes=o.max_probes, headroom=o.headroom)
     return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
                 settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
-                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env)
+                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
+                twin_prior=(o.twin_prior or hw) if o.twin else None)
 
 
 SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
@@ -504,13 +522,16 @@ def run_search(o: SearchOptions) -> int:
     if o.prescreen:
         enqueue = _prescreen(o, plan, load_plan, storage, out)
     backend = _backend(o, plan)
+    twin = _twin(o, plan, load_plan, out)
     phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
     try:
         with LiveView(out, plan.slo, plan.backend) as view:
             run = run_study(plan.settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
                             on_probe=view.probe, on_progress=view.progress,
-                            attrs=_study_attrs(o, plan, wl, load_plan))
+                            attrs=_study_attrs(o, plan, wl, load_plan),
+                            predict=None if twin is None else twin.predict,
+                            on_searched=None if twin is None else _learn(twin, out))
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(
@@ -635,6 +656,54 @@ def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: 
     return picks
 
 
+def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
+    """The study's twin (``--twin``), starting from its prior profile; None without."""
+    if plan.twin_prior is None:
+        return None
+    from autotune.sim.profiles import load_hardware, load_model
+    from autotune.study_twin import PROFILE_FILE, StudyTwin
+
+    twin = StudyTwin(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
+                     model=load_model(plan.sim_model), out_dir=plan.settings.out_dir,
+                     plan=load_plan, settings=plan.settings, candidates=o.twin_candidates)
+    out.print(f"twin: the simulator on {plan.gpus}x{plan.twin_prior}, {plan.sim_model} "
+              "learns this server: after each trial its profile is refitted to every load "
+              f"test so far ({plan.settings.out_dir / PROFILE_FILE}), the next trial is "
+              f"its best of {o.twin_candidates} simulated trials, and each trial starts at "
+              "its predicted ceiling (predictions simulated, load tests measured)",
+              soft_wrap=True)
+    return twin
+
+
+def _learn(twin: Any, out: Console) -> Any:
+    """After each searched trial: refit the twin, say how well it predicted the trial,
+    and queue its best config not yet measured."""
+    from autotune.record import stored_trials
+    from autotune.sim.twin import TwinError
+
+    def learn(trial: Any, probe: Any, ceiling: Any) -> None:
+        try:
+            step = twin.observe(trial.number, probe, ceiling, trial.user_attrs.get("predicted"))
+        except TwinError as exc:  # the study goes on without this trial's lesson
+            err_console.print(f"twin: trial {trial.number} not learned: {exc}", soft_wrap=True)
+            return
+        if step is None:
+            return
+        trial.set_user_attr("twin", step.to_dict())
+        out.print(step.sentence(), soft_wrap=True, highlight=False)
+        study = trial.study
+        measured = [t.params for t in stored_trials(study, finished=False)]
+        for params, attrs in twin.picks(measured, seed=trial.number + 1):
+            study.enqueue_trial(params, user_attrs=attrs)
+            p = attrs["predicted"]
+            out.print(f"twin: next, its best predicted config {params} (ceiling "
+                      f"{p.get('ceiling_rate') or 0:.4g} req/s, goodput "
+                      f"{p.get('goodput_tokens') or 0:,.0f} tok/s; simulated)",
+                      soft_wrap=True, highlight=False)
+
+    return learn
+
+
 def _views(study: Any) -> list[Any]:
     from autotune.recommend import view_of
     from autotune.record import stored_trials
@@ -735,7 +804,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
               f"{b.attainment:.1%}", soft_wrap=True)
     if b.predicted:
         p = b.predicted
-        out.print(f"  predicted by the simulator pre-screen: ceiling "
+        out.print(f"  predicted by {p.get('by') or 'the simulator pre-screen'}: ceiling "
                   f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
                   f"{p.get('goodput_tokens') or 0:,.0f} tok/s, P99 {p.get('p99_e2e_s') or 0:.2f} s"
                   " (simulated) vs measured above", soft_wrap=True)

@@ -212,14 +212,16 @@ def recommend(
 
 
 def predictions_vs_measured(views: Sequence[TrialView]) -> list[dict[str, Any]]:
-    """One row per pre-screened trial: predicted (simulated) and measured figures."""
+    """One row per trial that had a prediction (the pre-screen's or the twin's):
+    predicted (simulated) and measured figures."""
     rows = []
     for v in sorted((v for v in views if v.predicted), key=lambda v: v.number):
         p = v.predicted or {}
         rows.append({
             "trial": v.number, "config": {k: x for k, x in v.flags.items()
                                           if k not in CLIENT_PARAMS},
-            "predicted": {"source": p.get("source"), "ceiling_rate": p.get("ceiling_rate"),
+            "predicted": {"source": p.get("source"), "by": p.get("by"),
+                          "ceiling_rate": p.get("ceiling_rate"),
                           "goodput_tokens": p.get("goodput_tokens"),
                           "p99_e2e_s": p.get("p99_e2e_s")},
             "measured": {"source": v.source or None, "rate": v.rate, "feasible": v.feasible,
@@ -437,14 +439,15 @@ def to_markdown(rec: Recommendation) -> str:
         elif vs.get("baseline_ceiling_note"):
             lines.append(vs["baseline_ceiling_note"] + ".")
     if b.predicted:
-        p = b.predicted
-        lines += ["", "## Predicted (simulator pre-screen) vs measured", "",
+        told = b.predicted
+        lines += ["", f"## Predicted ({told.get('by') or 'the simulator pre-screen'}, "
+                  "simulated) vs measured", "",
                   "| figure | predicted | measured |", "| --- | --- | --- |",
-                  f"| ceiling rate (req/s) | {_num(p.get('ceiling_rate'), '.2f')} | "
+                  f"| ceiling rate (req/s) | {_num(told.get('ceiling_rate'), '.2f')} | "
                   f"{_num(b.max_feasible_rate, '.2f')} |",
-                  f"| goodput (tok/s) | {_num(p.get('goodput_tokens'))} | "
+                  f"| goodput (tok/s) | {_num(told.get('goodput_tokens'))} | "
                   f"{_num(b.goodput_tokens)} |",
-                  f"| P99 e2e (s) | {_num(p.get('p99_e2e_s'), '.2f')} | "
+                  f"| P99 e2e (s) | {_num(told.get('p99_e2e_s'), '.2f')} | "
                   f"{_num(b.p99_e2e_s, '.2f')} |"]
     if rec.ceilings:
         lines += ["", "## Refined ceilings", "",
@@ -454,14 +457,17 @@ def to_markdown(rec: Recommendation) -> str:
             lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
                          f"({c.get('total_probes')} load tests, {c.get('source')})")
     if rec.predictions:
-        lines += ["", "## Pre-screened configs: predicted vs measured", "",
-                  "| trial | config | predicted ceiling (req/s) | measured at (req/s) | "
+        lines += ["", "## Predicted (simulated) vs measured, trial by trial", "",
+                  "| trial | predicted by | config | predicted ceiling (req/s) | "
+                  "measured at (req/s) | "
                   "predicted goodput (tok/s) | measured goodput (tok/s) | predicted P99 (s) "
-                  "| measured P99 (s) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "| measured P99 (s) |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in rec.predictions:
             p, m = r["predicted"], r["measured"]
             lines.append(
-                f"| {r['trial']} | {flags_line(r['config']) or r['config']} | "
+                f"| {r['trial']} | {p.get('by') or 'the simulator pre-screen'} | "
+                f"{flags_line(r['config']) or r['config']} | "
                 f"{_num(p.get('ceiling_rate'), '.2f')} | {_num(m.get('rate'), '.2f')} | "
                 f"{_num(p.get('goodput_tokens'))} | {_num(m.get('goodput_tokens'))} | "
                 f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")

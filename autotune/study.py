@@ -55,6 +55,7 @@ from autotune.verdict import SteadyState
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 OBJECTIVES = ("tokens", "requests")
+PRESCREEN_BY = "the simulator pre-screen"  # who predicted a trial's ceiling (``predicted``)
 RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
 
 
@@ -308,7 +309,8 @@ class Objective:
     one probe (reason ``below_incumbent``).  Otherwise the search brackets upward and
     bisects to ``settings.tol``; the trial's value is the goodput at the confirmed
     ceiling and its constraints are the SLO margins there.  The first trials, with no
-    incumbent, start at the pre-screen's predicted ceiling or after a saturation probe.
+    incumbent, start at a predicted ceiling (the pre-screen's or the twin's) or after a
+    saturation probe.
     """
 
     def __init__(self, settings: StudySettings, backend: Backend, plan: LoadPlan,
@@ -331,6 +333,11 @@ class Objective:
         self.deadline_s: float | None = None
         # (trial, rate, Evidence) at each judgement of a running load test.
         self.on_progress: Callable[[int, float, Any], None] | None = None
+        # The twin's hooks (autotune.study_twin): a config's predicted ceiling, stored
+        # as the trial's ``predicted`` when nothing else predicted it, and what each
+        # searched config measured (trial, BackendProbe, CeilingResult).
+        self.predict: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None
+        self.on_searched: Callable[[optuna.Trial, Any, Any], None] | None = None
 
     def __call__(self, trial: optuna.Trial) -> float:
         set_trial_system_attr(trial, "autotune:pid", os.getpid())
@@ -351,6 +358,10 @@ class Objective:
             twin = _await_running_twin(trial.study, trial.number, params)
         if twin is not None:
             return self._repeat(trial, twin)
+        if self.predict is not None and not trial.user_attrs.get("predicted"):
+            predicted = self.predict(flags)
+            if predicted:
+                trial.set_user_attr("predicted", predicted)
         outcome = self.search(trial, flags)
         result = outcome.result
         if outcome.pruned:
@@ -359,6 +370,8 @@ class Objective:
         self._store(trial, outcome)
         if self.on_result is not None:
             self.on_result(trial.number, result, [])
+        if self.on_searched is not None and outcome.ceiling is not None:
+            self.on_searched(trial, outcome.probe, outcome.ceiling)
         if outcome.pruned:
             raise optuna.TrialPruned(f"{BELOW_INCUMBENT}: {outcome.ceiling.sentence()}")
         return outcome.value
@@ -373,7 +386,8 @@ class Objective:
         incumbent's rate; or, with neither, None: a saturation probe first."""
         best = incumbent(trial.study) if self.s.beat_incumbent else None
         gpus = self.backend.gpus_used(flags)
-        predicted = (trial.user_attrs.get("predicted") or {}).get("ceiling_rate")
+        told = trial.user_attrs.get("predicted") or {}
+        predicted = told.get("ceiling_rate")
         need: float | None = None
         if best is not None and best > 0:
             scale = gpus if self.s.per_gpu else 1
@@ -381,7 +395,9 @@ class Objective:
             if per_req > 0:
                 need = best * scale / per_req
         if predicted and (need is None or float(predicted) > need):
-            why = "the pre-screen's predicted ceiling"
+            by = told.get("by")
+            why = ("the pre-screen's predicted ceiling" if by in (None, PRESCREEN_BY)
+                   else f"the twin's predicted ceiling ({by})")
             if need is not None:
                 why += f" (above the {need:.4g} req/s that beats the incumbent)"
             return float(predicted), False, why, need
@@ -442,7 +458,8 @@ class Objective:
                                                     result.records))
         value = result.goodput(self.s.objective, self.s.per_gpu) if at is not None else 0.0
         return ConfigOutcome(result, ceiling, value, ceiling.below_start, why,
-                             self.backend.server_s - before, self._launch(probe.results))
+                             self.backend.server_s - before, self._launch(probe.results),
+                             probe)
 
     def _launch(self, results: Sequence[TrialResult]) -> dict[str, Any] | None:
         """The argv and environment the config's server was started with."""
@@ -528,6 +545,7 @@ class ConfigOutcome:
     start_how: str
     server_s: float
     launch: dict[str, Any] | None = None
+    probe: Any = None  # autotune.ceiling.BackendProbe, with every test's records
 
 
 def _same_config(study: optuna.Study, number: int, params: Mapping[str, Any]
@@ -648,16 +666,20 @@ def run_study(
     on_probe: Callable[[int, Any], None] | None = None,
     on_progress: Callable[[int, float, Any], None] | None = None,
     attrs: Mapping[str, Any] | None = None,
+    predict: Callable[[Mapping[str, Any]], dict[str, Any] | None] | None = None,
+    on_searched: Callable[[optuna.Trial, Any, Any], None] | None = None,
 ) -> StudyRun:
     """Create or resume the study and run trials until n_trials/timeout/budget.
 
     ``attrs``: study user attributes that say how it is measured (backend, source,
-    profile, workload), for anyone who opens the study (optuna-dashboard)."""
+    profile, workload), for anyone who opens the study (optuna-dashboard).
+    ``predict`` and ``on_searched``: the twin's hooks (see :class:`Objective`)."""
     validate_name(settings.name)
     storage = storage or open_storage(storage_url(settings.name, settings.storage,
                                                   settings.studies_dir))
     objective = Objective(settings, backend, plan, None, on_result, on_probe)
     objective.on_progress = on_progress
+    objective.predict, objective.on_searched = predict, on_searched
     study = open_study(settings, storage, None, space=objective.space)
     for key, value in (attrs or {}).items():
         study.set_user_attr(key, value)
@@ -781,6 +803,7 @@ def prescreen_enqueue(rows: Sequence[StoredTrial], space: SearchSpace, *, top_k:
         seen.add(key)
         predicted = {
             "source": SIMULATED,
+            "by": PRESCREEN_BY,
             "prescreen_trial": row.number,
             "ceiling_rate": row.rate,
             "goodput_tokens": row.goodput_tokens,

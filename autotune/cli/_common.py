@@ -42,6 +42,12 @@ NumPrompts = Annotated[int, typer.Option(
 Warmup = Annotated[int, typer.Option(
     help="Warm-up requests sent before each load test and excluded from every figure.")]
 Seed = Annotated[int, typer.Option(help="Seed of the workload sample and the arrivals.")]
+VLLM_CMD = "vllm serve"
+VllmCmd = Annotated[str, typer.Option(
+    help="Command that starts vLLM (the model is appended, or passed as --model when the "
+         "command does not end in 'serve').")]
+VllmEnv = Annotated[list[str] | None, typer.Option(
+    help="KEY=VAL in the vLLM server's environment (repeatable).")]
 MaxModelLen = Annotated[int | None, typer.Option(
     help="The server's context length (vLLM --max-model-len): ShareGPT pairs whose prompt "
          "+ output exceed it are dropped, as the server would refuse them.  Default: the "

@@ -23,6 +23,7 @@ import typer
 from autotune.cli._app import app
 from autotune.cli._common import (
     NUM_PROMPTS,
+    VLLM_CMD,
     WARMUP,
     BacklogShare,
     MaxDuration,
@@ -31,6 +32,7 @@ from autotune.cli._common import (
     NumPrompts,
     Seed,
     UsageError,
+    VllmCmd,
     Warmup,
     atomic_write,
     check_writable,
@@ -165,9 +167,7 @@ def ceiling(
     model: Annotated[str | None, typer.Option(
         help="Model for --backend vllm (path or name); with attach, the served name.")
     ] = None,
-    vllm_cmd: Annotated[str, typer.Option(
-        help="Command that starts vLLM (model appended, or --model when the command "
-             "does not end in 'serve').")] = "vllm serve",
+    vllm_cmd: VllmCmd = VLLM_CMD,
     # -- the search
     start_rate: Annotated[float | None, typer.Option(
         help="First rate (req/s); default: a saturation probe, then 70% of it.")] = None,
@@ -380,47 +380,69 @@ def _check_numbers(o: CeilingOptions) -> None:
 
 
 def _workload(o: CeilingOptions, total: int, server_url: str | None) -> Any:
+    return pool_workload(dataset=o.dataset.value, tokenizer_path=o.tokenizer,
+                         url=server_url, model=o.model, total=total, seed=o.seed,
+                         context=o.max_model_len or o.sample_max_len or DEFAULT_CONTEXT,
+                         input_len=o.input_len, output_len=o.output_len)
+
+
+def pool_workload(*, dataset: str, tokenizer_path: str | None, url: str | None,
+                  model: str | None, total: int, seed: int, context: int, input_len: int,
+                  output_len: int) -> Any:
+    """The request pool of a one-config command: ``total`` ShareGPT pairs that fit
+    ``context``, or synthetic requests around ``input_len``/``output_len`` tokens."""
     from autotune import tokenizer, workload
 
-    tok = tokenizer.load_tokenizer(o.tokenizer, server_url=server_url, model=o.model)
-    if o.dataset is Dataset.sharegpt:
-        context = o.max_model_len or o.sample_max_len or DEFAULT_CONTEXT
+    tok = tokenizer.load_tokenizer(tokenizer_path, server_url=url, model=model)
+    if dataset == "sharegpt":
         return workload.load_sharegpt(tokenizer=tok, num_prompts=total,
-                                      max_model_len=context, seed=o.seed)
-    return workload.synthetic_workload(tok, num_prompts=total, input_len=o.input_len,
-                                       output_len=o.output_len, distribution="lognormal",
-                                       input_spread=0.5, output_spread=0.5, seed=o.seed)
+                                      max_model_len=context, seed=seed)
+    return workload.synthetic_workload(tok, num_prompts=total, input_len=input_len,
+                                       output_len=output_len, distribution="lognormal",
+                                       input_spread=0.5, output_spread=0.5, seed=seed)
 
 
 def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
     """The trial backend and a one-line description of where probes run."""
-    from autotune.trial import ServerBackend, SimBackend
+    from autotune.trial import SimBackend
 
     if kind == "sim":
         hw, mdl, count = _sim_profile(o)
         return SimBackend(f"{count}x{hw}", mdl), f"simulator {count}x{hw}, model {mdl}"
+    return server_backend(kind, flags, url=o.url, model=o.model, vllm_cmd=o.vllm_cmd,
+                          log_dir=o.studies_dir / "ceiling" / "logs")
+
+
+def server_backend(kind: str, flags: dict[str, Any], *, url: str | None, model: str | None,
+                   vllm_cmd: str, log_dir: Path, env: dict[str, str] | None = None
+                   ) -> tuple[Any, str]:
+    """A real server's trial backend (``kind`` vllm or attach) for one config, and a
+    line that says where its load tests run; bad input is one UsageError."""
+    from autotune.trial import ServerBackend
+
     if kind == "attach":
         from autotune.loadgen import check_server
         from autotune.server import AttachedServer
 
         if flags:
             raise UsageError(
-                f"the server at {o.url} is attached: autotune cannot restart it with "
+                f"the server at {url} is attached: autotune cannot restart it with "
                 f"{', '.join(sorted(flags))}; drop the config flags, or use --backend vllm")
-        url = str(o.url)  # attach without --url was refused in _ceiling
+        if not url:
+            raise UsageError("--backend attach needs --url of the running server")
         check_server(url)  # an unreachable server is one clear line, before any work
-        return (ServerBackend(AttachedServer(url), name="attach", model=o.model),
-                f"attached server {o.url}")
+        return (ServerBackend(AttachedServer(url), name="attach", model=model),
+                f"attached server {url}")
     from autotune.server import VllmServer
 
-    cmd = shlex.split(o.vllm_cmd)
+    cmd = shlex.split(vllm_cmd)
     if not cmd:
         raise UsageError("--vllm-cmd is empty: give the command that starts vLLM")
-    if not o.model:
+    if not model:
         raise UsageError("--backend vllm needs --model (a path or name to serve)")
-    server = VllmServer(o.model, vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
-                        log_dir=o.studies_dir / "ceiling" / "logs")
-    return ServerBackend(server, name="vllm"), f"vLLM ({o.vllm_cmd} {o.model})"
+    server = VllmServer(model, vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
+                        log_dir=log_dir, env=env)
+    return ServerBackend(server, name="vllm"), f"vLLM ({vllm_cmd} {model})"
 
 
 # ----------------------------------------------------------------------------- output

@@ -14,12 +14,15 @@ import typer
 from autotune.cli._app import app
 from autotune.cli._common import (
     NUM_PROMPTS,
+    VLLM_CMD,
     WARMUP,
     BacklogShare,
     MaxDuration,
     MaxModelLen,
     MinDuration,
     NumPrompts,
+    VllmCmd,
+    VllmEnv,
     Warmup,
     one_line_errors,
 )
@@ -67,9 +70,7 @@ def search(
     ] = None,
     prescreen_trials: Annotated[int, typer.Option(help="Trials of the pre-screen.")] = 40,
     top_k: Annotated[int, typer.Option(help="Pre-screened configs to measure first.")] = 3,
-    vllm_cmd: Annotated[str, typer.Option(
-        help="Command that starts vLLM (the model is appended, or passed as --model "
-             "when the command does not end in 'serve').")] = "vllm serve",
+    vllm_cmd: VllmCmd = VLLM_CMD,
     url: Annotated[str | None, typer.Option(
         help="Attach to this running server (only the rate cap is searched).")] = None,
     no_prune: Annotated[bool, typer.Option(
@@ -106,8 +107,18 @@ def search(
         help="Seconds a vLLM server may take to become ready.")] = 900.0,
     gpu_ids: Annotated[str | None, typer.Option(
         help="GPU ids for CUDA_VISIBLE_DEVICES of the vLLM server, e.g. 0,1.")] = None,
-    vllm_env: Annotated[list[str] | None, typer.Option(
-        help="KEY=VAL in the vLLM server's environment (repeatable).")] = None,
+    vllm_env: VllmEnv = None,
+    twin: Annotated[bool, typer.Option(
+        "--twin", help="Learn the server: after each trial, fit the simulator's profile "
+                       "to every load test so far (studies/<name>/profile.fitted.yaml), "
+                       "measure the twin's best config next and start each trial at its "
+                       "predicted ceiling.")] = False,
+    twin_prior: Annotated[str | None, typer.Option(
+        help="With --twin: the hardware profile the twin starts from (default: "
+             "--profile's).")] = None,
+    twin_candidates: Annotated[int, typer.Option(
+        help="With --twin: simulated trials behind each of its picks (0: only predict "
+             "each trial's ceiling).")] = 12,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     given = dict(locals())

@@ -22,12 +22,14 @@ from rich.table import Table
 from autotune.cli._app import app
 from autotune.cli._common import (
     NUM_PROMPTS,
+    VLLM_CMD,
     WARMUP,
     MaxDuration,
     MaxModelLen,
     NumPrompts,
     Seed,
     UsageError,
+    VllmCmd,
     Warmup,
     atomic_write,
     one_line_errors,
@@ -107,9 +109,7 @@ def sweep(
         help="GPUs of the node (simulator: default 4, or the largest TP swept).")] = None,
     model: Annotated[str | None, typer.Option(
         help="Model for --backend vllm (a path or name); implies vllm.")] = None,
-    vllm_cmd: Annotated[str, typer.Option(
-        help="Command that starts vLLM (model appended, or passed as --model when the "
-             "command does not end in 'serve').")] = "vllm serve",
+    vllm_cmd: VllmCmd = VLLM_CMD,
     url: Annotated[str | None, typer.Option(
         help="Attach to this running server (client-side sweeps only).")] = None,
     num_prompts: NumPrompts = NUM_PROMPTS,

@@ -273,18 +273,28 @@ def observations_from_search(probe: BackendProbe, ceiling: CeilingResult, *,
         if limit is not None and len(out) >= limit:
             break
         p = ceiling.probes[i]
-        result = probe.results[i]
-        plan = probe.plan(p.num_prompts, p.repeat, p.rate)
         try:
-            out.append(ObservedTest.from_records(
-                flags=result.flags, rate=p.rate, requests=sent_requests(plan, p.rate),
-                records=result.records, warmup=plan.warmup, cap=cap,
-                max_concurrency=plan.max_concurrency, trial=trial,
-                label=f"{'trial ' + str(trial) + ', ' if trial is not None else ''}"
-                      f"{p.phase} at {p.rate:.4g} req/s"))
+            out.append(observation_of(probe, probe.results[i], rate=p.rate,
+                                      num_prompts=p.num_prompts, repeat=p.repeat, cap=cap,
+                                      trial=trial, label=p.phase))
         except TwinError:
             continue  # nothing completed: the test says nothing the twin could fit
     return out
+
+
+def observation_of(probe: BackendProbe, result: Any, *, rate: float, num_prompts: int,
+                   repeat: int = 0, cap: int = 300, trial: int | None = None,
+                   label: str = "test") -> ObservedTest:
+    """One load test that ``probe`` ran (``probe(rate, num_prompts, repeat=repeat)``
+    returned after appending ``result``, a ``TrialResult``), as the twin sees it: the
+    requests it sent rebuilt from the probe's plan, and its records."""
+    plan = probe.plan(num_prompts, repeat, rate)
+    where = f"trial {trial}, " if trial is not None else ""
+    return ObservedTest.from_records(
+        flags=result.flags, rate=rate, requests=sent_requests(plan, rate),
+        records=result.records, warmup=plan.warmup, cap=cap,
+        max_concurrency=plan.max_concurrency, trial=trial,
+        label=f"{where}{label} at {rate:.4g} req/s")
 
 
 def read_records(path: str | Path) -> list[RequestRecord]:

@@ -665,7 +665,10 @@ def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
 
     twin = StudyTwin(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
                      model=load_model(plan.sim_model), out_dir=plan.settings.out_dir,
-                     plan=load_plan, settings=plan.settings, candidates=o.twin_candidates)
+                     plan=load_plan, settings=plan.settings, candidates=o.twin_candidates,
+                     # One pass over the request pool at most: scoring a test's cycled
+                     # repeats of the same requests tells the fit nothing new.
+                     cap=max(1, min(StudyTwin.cap, len(load_plan.requests))))
     out.print(f"twin: the simulator on {plan.gpus}x{plan.twin_prior}, {plan.sim_model} "
               "learns this server: after each trial its profile is refitted to every load "
               f"test so far ({plan.settings.out_dir / PROFILE_FILE}), the next trial is "
@@ -678,13 +681,15 @@ def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
 def _learn(twin: Any, out: Console) -> Any:
     """After each searched trial: refit the twin, say how well it predicted the trial,
     and queue its best config not yet measured."""
+    from autotune.errors import AutotuneError
     from autotune.record import stored_trials
-    from autotune.sim.twin import TwinError
 
     def learn(trial: Any, probe: Any, ceiling: Any) -> None:
         try:
             step = twin.observe(trial.number, probe, ceiling, trial.user_attrs.get("predicted"))
-        except TwinError as exc:  # the study goes on without this trial's lesson
+        except (AutotuneError, ValueError) as exc:
+            # The twin is advice: a config the simulator cannot model (or a fit that
+            # fails) costs this trial's lesson, never the study.
             err_console.print(f"twin: trial {trial.number} not learned: {exc}", soft_wrap=True)
             return
         if step is None:
@@ -693,7 +698,13 @@ def _learn(twin: Any, out: Console) -> Any:
         out.print(step.sentence(), soft_wrap=True, highlight=False)
         study = trial.study
         measured = [t.params for t in stored_trials(study, finished=False)]
-        for params, attrs in twin.picks(measured, seed=trial.number + 1):
+        try:
+            picks = twin.picks(measured, seed=trial.number + 1)
+        except (AutotuneError, ValueError) as exc:
+            err_console.print(f"twin: no pick after trial {trial.number}: {exc}",
+                              soft_wrap=True)
+            return
+        for params, attrs in picks:
             study.enqueue_trial(params, user_attrs=attrs)
             p = attrs["predicted"]
             out.print(f"twin: next, its best predicted config {params} (ceiling "

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.errors import AutotuneError
 from autotune.metrics import SIMULATED
 from autotune.sim.profiles import HardwareProfile, ModelProfile
 from autotune.sim.twin import (
@@ -118,6 +119,7 @@ class StudyTwin:
     tests: list[ObservedTest] = field(default_factory=list)
     steps: list[TwinStep] = field(default_factory=list)
     fit: TwinFit | None = None
+    queued: set[str] = field(default_factory=set)  # configs the twin has queued
 
     def __post_init__(self) -> None:
         if (self.candidates < 0 or self.tests_per_trial < 1 or self.max_tests < 1
@@ -143,7 +145,7 @@ class StudyTwin:
             p = predict_ceiling(self.profile, self.model, flags, self.plan,
                                 tol=self.settings.tol, max_probes=self.settings.max_probes,
                                 headroom=self.settings.headroom, min_rate=low, max_rate=high)
-        except (TwinError, TrialFailed, ValueError) as exc:  # CeilingError is a ValueError
+        except (AutotuneError, TrialFailed, ValueError) as exc:  # advice, never a crash
             return {"source": SIMULATED, "by": self.source, "ceiling_rate": None,
                     "note": f"the twin could not predict this config: {exc}"}
         if p.ceiling_rate is None:
@@ -164,7 +166,8 @@ class StudyTwin:
         from autotune.study import prescreen_enqueue, rows_from_study, run_study
         from autotune.trial import SimBackend
 
-        seen = {_key(m) for m in measured}
+        # Enqueued trials hold no params until they run: what the twin queued itself.
+        seen = {_key(m) for m in measured} | self.queued
         with tempfile.TemporaryDirectory(prefix="autotune-twin-") as tmp:
             pre = replace(self.settings, name=f"{self.settings.name}-twin",
                           n_trials=self.candidates, timeout_s=None, budget_s=None,
@@ -175,8 +178,9 @@ class StudyTwin:
                                        top_k=self.candidates)
         for params, attrs in ranked:
             if _key(params) not in seen:
-                attrs["predicted"]["by"] = f"{self.source}, best of {self.candidates} " \
-                                           "simulated trials"
+                attrs["predicted"]["by"] = (f"{self.source}, best of {self.candidates} "
+                                            "simulated trials")
+                self.queued.add(_key(params))
                 return [(params, attrs)]
         return []
 

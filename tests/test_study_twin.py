@@ -44,7 +44,7 @@ def test_the_twin_learns_the_hidden_server_and_guides_the_study(tmp_path: Path) 
         res = runner.invoke(app, [
             "search", "--slo-p99", "20s", "--space", str(space), "--profile",
             f"{hidden}:llama-3-8b", "--gpus", "1", "--twin", "--twin-prior", "a100-80gb",
-            "--twin-candidates", "2", "--n-trials", "3", "--num-prompts", "150",
+            "--twin-candidates", "2", "--n-trials", "3", "--num-prompts", "60",
             "--warmup", "10", "--max-probes", "4", "--tol", "0.1", "--validate", "off",
             "--study-name", "tw", "--studies-dir", str(studies)])
     finally:

@@ -160,8 +160,9 @@ def run_calibration(o: CalibrateOptions) -> int:
             obs = observation_of(probe, probe.results[i], rate=rate,
                                  num_prompts=o.num_prompts,
                                  label="saturation" if math.isinf(rate) else "poisson")
-        except TwinError:
-            continue  # nothing completed in that test
+        except TwinError as exc:  # said, never silently dropped
+            out.print(f"  not fitted: {exc}", soft_wrap=True, highlight=False)
+            continue
         tests.append(replace(obs, flags=dict(o.flags)))
     try:
         fit = fit_twin(tests, prior, model, name=f"{prior.name}-calibrated")

@@ -42,11 +42,24 @@ def parse_profile(text: str | None, space_profile: dict[str, Any], gpus: int | N
         m = re.match(r"^(\d+)\s*[x×]\s*(.+)$", head.strip())
         if m:
             count, head = int(m.group(1)), m.group(2)
+        elif head.strip() and "gpus" not in space_profile:
+            # A hardware named without a count is its own default node ("cpu-tiny" is
+            # one CPU), not the default profile's four GPUs.
+            count = _default_node(head.strip(), count)
         hw = head.strip() or hw
         mdl = tail.strip() or mdl
     if gpus is not None:
         count = gpus
     return hw, mdl, count
+
+
+def _default_node(hardware: str, fallback: int) -> int:
+    from autotune.sim.profiles import load_hardware
+
+    try:
+        return load_hardware(hardware).gpus
+    except (AutotuneError, OSError, ValueError):  # said where the profile is loaded
+        return fallback
 
 
 def parse_gpu_ids(text: str | None) -> list[int] | None:

@@ -815,9 +815,11 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
               f"{b.attainment:.1%}", soft_wrap=True)
     if b.predicted:
         p = b.predicted
+        # A figure the prediction lacks is left out, never printed as 0.
+        p99 = (f", P99 {p['p99_e2e_s']:.2f} s" if p.get("p99_e2e_s") else "")
         out.print(f"  predicted by {p.get('by') or 'the simulator pre-screen'}: ceiling "
                   f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
-                  f"{p.get('goodput_tokens') or 0:,.0f} tok/s, P99 {p.get('p99_e2e_s') or 0:.2f} s"
+                  f"{p.get('goodput_tokens') or 0:,.0f} tok/s{p99}"
                   " (simulated) vs measured above", soft_wrap=True)
     ratio = rec.vs_baseline.get("objective_ratio")
     base = rec.baseline
@@ -827,7 +829,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
         verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
                    else rec.vs_baseline.get("note", ""))
         out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
-                  f"{base.rate:g} req/s): {verdict}", soft_wrap=True)
+                  f"{base.rate:.2f} req/s): {verdict}", soft_wrap=True)
         if rec.vs_baseline.get("equal_gpus_note"):
             out.print(f"  vs vLLM defaults on equal GPUs: {rec.vs_baseline['equal_gpus_note']}",
                       soft_wrap=True)

@@ -90,6 +90,12 @@ class Scaling:
     def lines(self) -> list[str]:
         """Plain lines: one per layout, then the flags and the DP comparison."""
         out = [f"scaling against {self.base} ({self.note})"]
+        if any(r.goodput_per_gpu is not None for r in self.rows):
+            # Two denominators, said once: otherwise a goodput above the tok/s of the
+            # same layout reads as a contradiction.
+            out.append("  tok/s: output tokens over the whole test, drain included (vLLM's "
+                       "output_throughput); goodput: output tokens of requests that met "
+                       "the SLO per second of arrivals (the trial's steady-state figure)")
         for r in self.rows:
             good = ("" if r.goodput_per_gpu is None else
                     f", goodput {r.goodput_tokens:,.0f} tok/s = {r.goodput_per_gpu:,.0f} per "

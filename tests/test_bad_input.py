@@ -41,12 +41,6 @@ PG = f"postgresql://tuner:{SECRET}@127.0.0.1:1/autotune"
 MYSQL = f"mysql://tuner:{SECRET}@127.0.0.1:1/autotune"
 ODD = f"nosuchdb://tuner:{SECRET}@127.0.0.1:1/autotune"
 
-# Known to fail one of the checks because of a module being rewritten elsewhere
-# (autotune/cli/{search,ceiling,bench,sweep}.py): id -> what goes wrong.
-XFAIL: dict[str, str] = {
-    "ceiling-trial-neg": "ceiling opens the study before checking --trial",
-}
-
 Case = tuple[str, list[str], dict[str, str], str]  # id, argv, inputs, stderr needle
 
 CASES: list[Case] = [
@@ -230,12 +224,7 @@ def _listing(folder: Path) -> set[str]:
 
 
 def _params() -> list[object]:
-    out = []
-    for case in CASES:
-        marks = ([pytest.mark.xfail(strict=True, reason=XFAIL[case[0]])]
-                 if case[0] in XFAIL else [])
-        out.append(pytest.param(*case[1:], id=case[0], marks=marks))
-    return out
+    return [pytest.param(*case[1:], id=case[0]) for case in CASES]
 
 
 def _in(folder: Path, fn: Callable[[], object]) -> object:

@@ -111,6 +111,11 @@ class CeilingOptions:
     validate: str = "5m"
     backlog_share: float = 0.02
 
+    def __post_init__(self) -> None:
+        # Checked before the study is opened: a bad number must not wait on a storage.
+        if self.trial is not None and self.trial < 0:
+            raise UsageError(f"--trial must be a trial number (0 or more), got {self.trial}")
+
 
 # What a study fixed, read from its "autotune:settings" attribute, by option: every one
 # the user left at its default is taken from the study, so `ceiling --study S --trial N`

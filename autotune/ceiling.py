@@ -1047,11 +1047,21 @@ class BackendProbe:
         if not self.drain:
             return 0.0
         from autotune.telemetry import TelemetryError, wait_idle
+        from autotune.trial import INFEASIBLE
 
         url = self.backend.server.endpoint
+        report = getattr(self.backend, "exit_report", None)
         try:
-            waited = wait_idle(url, timeout_s=self.drain_timeout_s)
+            # A server that dies as its test ends (the load test saw it alive a moment
+            # before) would otherwise be polled until the drain timeout.
+            waited = wait_idle(url, timeout_s=self.drain_timeout_s,
+                               alive=None if report is None else (lambda: report() is None))
         except TelemetryError as exc:
+            gone = None if report is None else report()
+            if gone is not None:
+                last = self.results[-1]
+                last.status, last.reason, last.detail = INFEASIBLE, "crashed", gone
+                raise CeilingError(f"the server exited after the probe: {gone}") from None
             # No vLLM /metrics (some OpenAI-compatible servers): the load generator
             # already waited for or cancelled every request it sent.
             self.drain, self.drain_note = False, f"no drain check: {exc}"

@@ -13,7 +13,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any
@@ -481,11 +481,13 @@ class MetricsScraper:
         self.stop()
 
 
-def wait_idle(url: str, timeout_s: float = 60.0, interval_s: float = 0.2) -> float:
+def wait_idle(url: str, timeout_s: float = 60.0, interval_s: float = 0.2, *,
+              alive: Callable[[], bool] | None = None) -> float:
     """Poll ``/metrics`` until no request is running or waiting; return seconds waited.
 
     Raises ``TimeoutError`` if still busy after ``timeout_s``, and ``TelemetryError``
-    if the endpoint does not expose ``vllm:num_requests_running``/``_waiting``.
+    if the endpoint does not expose ``vllm:num_requests_running``/``_waiting``, or
+    cannot be read once ``alive`` (the server's process) says False.
     """
     t0 = time.monotonic()
     last: dict[str, float | None] = {}
@@ -494,7 +496,7 @@ def wait_idle(url: str, timeout_s: float = 60.0, interval_s: float = 0.2) -> flo
             try:
                 last = engine_figures(scrape(url, client))
             except TelemetryError:
-                if time.monotonic() - t0 >= timeout_s:
+                if time.monotonic() - t0 >= timeout_s or (alive is not None and not alive()):
                     raise
             else:
                 if last["running"] is None or last["waiting"] is None:

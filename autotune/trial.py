@@ -716,14 +716,18 @@ class ServerBackend(Backend):
             telemetry.update(gpu_util_mean_pct=gpu.util_mean_pct,
                              gpu_util_max_pct=gpu.util_max_pct,
                              gpu_mem_used_max_bytes=gpu.mem_used_max_bytes, gpu_note=gpu.note)
-        crashed = None
-        if self.restartable and not self.server.alive():
-            crashed = "the server exited during the load test; log tail: " + " | ".join(
-                self.server.log_tail(5).splitlines()[-5:])
-            self._flags = None
         return LoadRun(records=list(res.records), aborted=res.aborted,
                        abort_reason=res.abort_reason, load_test_s=res.duration_s,
-                       telemetry=telemetry, crashed=crashed)
+                       telemetry=telemetry, crashed=self.exit_report())
+
+    def exit_report(self) -> str | None:
+        """Why the server this backend started is gone (with its log's tail), or None
+        while it runs.  A dead server is forgotten, so the next test restarts it."""
+        if not self.restartable or self.server.alive():
+            return None
+        self._flags = None
+        return "the server exited during the load test; log tail: " + " | ".join(
+            self.server.log_tail(5).splitlines()[-5:])
 
     def close(self) -> None:
         self._flags = None

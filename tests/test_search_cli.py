@@ -397,3 +397,39 @@ def test_prescreen_sim_then_measure_on_the_simulator_as_vllm(tmp_path: Path) -> 
                             storage=f"sqlite:///{tmp_path / 'studies' / 'pre.db'}")
     assert all(t.user_attrs["result"]["mode"] == "virtual" for t in pre.trials
                if t.user_attrs.get("result", {}).get("launched"))
+
+
+def test_a_server_that_crashes_in_every_trial_fails_each_trial_and_the_study_goes_on(
+        tmp_path: Path) -> None:
+    """Fault injection at the study level: the simulator's server, launched as vLLM,
+    exits ("Engine core died") after 3 requests in every trial.  Each trial is
+    infeasible with the reason and the log's tail, the next trial still runs, and no
+    process or port is left."""
+    space = tmp_path / "small.yaml"
+    space.write_text(
+        "name: small\nattention_heads: 32\n"
+        "fixed: {max_model_len: 4096}\n"
+        "parameters:\n"
+        "  max_num_seqs: {type: categorical, choices: [8, 32]}\n"
+        "  request_rate: {type: float, low: 1.0, high: 40.0, log: true}\n"
+        "baseline: {max_num_seqs: 32, request_rate: 4.0}\n")
+    cmd = (f"{sys.executable} -m autotune.sim.serve --profile 1xa100-80gb "
+           "--startup-delay-s 0.2 --crash-after 3")
+    code, out, err = search(tmp_path, *REAL_TIME, "--space", str(space),
+                            "--backend", "vllm", "--model", "llama-3-8b", "--vllm-cmd", cmd,
+                            "--num-prompts", "30", "--warmup", "5", "--n-trials", "2",
+                            "--max-model-len", "512", "--validate", "off",
+                            "--sampler", "grid", "--study-name", "crash")
+    assert "Traceback" not in err + out
+    study = optuna.load_study(study_name="crash",
+                              storage=f"sqlite:///{tmp_path / 'studies' / 'crash.db'}")
+    results = [t.user_attrs["result"] for t in study.trials]
+    assert len(results) == 2, out + err
+    for r in results:
+        assert r["feasible"] is False and r["reason"] == "crashed", r
+        assert "Engine core died" in r["detail"] and "log tail" in r["detail"]
+        argv = r["startup"]["argv"]  # each trial started its own server
+        port = int(argv[argv.index("--port") + 1])
+        assert not port_listening("127.0.0.1", port)
+    assert live() == []
+    assert "no recommendation: no trial met the SLO" in out + err, out + err

@@ -104,3 +104,11 @@ def test_the_kubernetes_job_passes_only_options_the_worker_takes() -> None:
     known = options_of(commands()["worker"])
     given = [arg.split("=", 1)[0] for arg in container["args"]]
     assert given and [g for g in given if g not in known] == []
+
+
+def test_every_command_summary_is_one_paragraph_of_one_line() -> None:
+    # `autotune --help` lists each command by its docstring's first paragraph; a hard line
+    # break inside it printed as a broken summary (bench and recommend did).
+    for name, cmd in commands().items():
+        summary = (cmd.help or "").strip().split("\n\n")[0]
+        assert summary and "\n" not in summary, (name, summary)

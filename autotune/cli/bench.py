@@ -177,8 +177,10 @@ def bench(
         help="With an SLO: run exactly this long (sets both durations), e.g. 5m to "
              "validate a cap.")] = None,
 ) -> None:
-    """Load-test a server: warm-up, then a measured window at one rate; with an SLO,
-    sized by time and judged pass / fail / inconclusive on steady-state evidence."""
+    """Load-test a server: warm-up, then a measured window at one rate.
+
+    With an SLO, the window is sized by time and judged pass / fail / inconclusive on
+    steady-state evidence."""
     with one_line_errors():
         _bench(BenchOptions(**locals()))
 

@@ -130,8 +130,10 @@ def recommend(
         "--output", "--out",
         help="Also write the plan as Markdown to this file.")] = None,
 ) -> None:
-    """A TP x DP layout of N GPUs with the highest total goodput, its rate cap, cost,
-    `vllm serve` commands and gateway rate-limit snippets."""
+    """Lay out N GPUs as TP x DP for the highest total goodput under the SLO.
+
+    Prints the layout's rate cap, cost, `vllm serve` commands and gateway rate-limit
+    snippets."""
     with _errors():
         from autotune.deploy import (
             DeployError,

@@ -179,8 +179,7 @@ def bench(
 ) -> None:
     """Load-test a server: warm-up, then a measured window at one rate.
 
-    With an SLO, the window is sized by time and judged pass / fail / inconclusive on
-    steady-state evidence."""
+    With an SLO it is sized by time and judged on steady-state evidence."""
     with one_line_errors():
         _bench(BenchOptions(**locals()))
 

@@ -481,8 +481,11 @@ def probe_line(p: Any, simulated: bool) -> str:
 def header(simulated: bool) -> str:
     how = "simulated, virtual time" if simulated else "measured over HTTP"
     return (f"probes ({how}; n = requests judged, s = seconds of arrivals; P99 with its "
-            "one-sided 95% upper bound in parentheses; req/s and tok/s over each probe's "
-            "judged requests, warm-up excluded; GPU = mean utilization, * = the "
+            "one-sided 95% upper bound in parentheses; req/s and tok/s: vLLM's throughput "
+            "over each probe's judged requests, i.e. completed / (first send to last "
+            "completion), so the drain of a long-latency probe reads under its rate "
+            "even when it keeps up (the verdict judges keeping up); warm-up excluded; "
+            "GPU = mean utilization, * = the "
             "simulator's busy share)\n"
             f"{'#':>3} {'phase':<11} {'rate':>9} {'n':>6} {'s':>5} {'req/s':>8} {'tok/s':>9}  "
             f"{'latency (bound)':<40} {'GPU':>5}  result")

@@ -132,8 +132,7 @@ def recommend(
 ) -> None:
     """Lay out N GPUs as TP x DP for the highest total goodput under the SLO.
 
-    Prints the layout's rate cap, cost, `vllm serve` commands and gateway rate-limit
-    snippets."""
+    Prints the layout's rate cap, cost, `vllm serve` commands and gateway snippets."""
     with _errors():
         from autotune.deploy import (
             DeployError,

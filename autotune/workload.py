@@ -69,6 +69,13 @@ _CHUNK_CHARS = 1 << 23  # 8 Mi characters per read; records are far smaller
 _SKIP = re.compile(r"[\s,]*")
 
 
+def _skip(buf: str, pos: int = 0) -> int:
+    """Where the whitespace and commas at ``pos`` end (the pattern matches the empty
+    string, so there is always a match)."""
+    m = _SKIP.match(buf, pos)
+    return pos if m is None else m.end()
+
+
 @dataclass(frozen=True)
 class Conversation:
     """One ShareGPT record: its id and the text of every turn, in order."""
@@ -200,9 +207,9 @@ class _RecordReader:
         conversations: list[Conversation] = []
         corrupt = 0
         self.fill()
-        self.pos = _SKIP.match(self.buf).end()  # commas too: harmless before '['
+        self.pos = _skip(self.buf)  # commas too: harmless before '['
         while self.pos >= len(self.buf) and self.fill():
-            self.pos = _SKIP.match(self.buf).end()
+            self.pos = _skip(self.buf)
         if self.pos >= len(self.buf):
             return conversations, 0, False
         head = self.buf[self.pos]
@@ -213,7 +220,7 @@ class _RecordReader:
             return conversations, 0, False
         closed = not is_array  # JSON lines need no closing bracket
         while True:
-            self.pos = _SKIP.match(self.buf, self.pos).end()
+            self.pos = _skip(self.buf, self.pos)
             if self.pos >= len(self.buf):
                 if self.fill():
                     continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -175,7 +175,7 @@ class _scrubbed:
         return None
 
     def __exit__(self, et: type[BaseException] | None, exc: BaseException | None,
-                 tb: object) -> bool:
+                 tb: object) -> Literal[False]:
         if exc is None or isinstance(exc, typer.Exit | KeyboardInterrupt | SystemExit):
             return False
         from autotune.storage import scrub

@@ -338,7 +338,7 @@ def observations_from_stored(trial: StoredTrial, plan: LoadPlan, *, cap: int = 3
 
 def apply_factors(profile: HardwareProfile, factors: Mapping[str, float]) -> HardwareProfile:
     """``profile`` with each named factor multiplied into its fields."""
-    changed: dict[str, float] = {}
+    changed: dict[str, Any] = {}
     for name, factor in factors.items():
         if name not in FACTORS:
             raise TwinError(f"unknown twin factor {name!r}; known: {', '.join(FACTORS)}")

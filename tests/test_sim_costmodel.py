@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from itertools import islice
 
 import numpy as np
 import pytest
@@ -159,6 +160,28 @@ def test_vectorised_decode_steps_equal_scalar_steps() -> None:
         c = cm.step(37, 37, 12_345 + 37 * j, 12_345 + 37 * j)
         assert math.isclose(tot[j], c.total_s) and math.isclose(gpu[j], c.gpu_s)
     assert np.all(np.diff(tot) >= 0)  # longer contexts never make a step faster
+
+
+@pytest.mark.parametrize(("hw", "model", "seqs"), [
+    ("a100-80gb", "llama-3-8b", 37),  # memory-bound at every context
+    ("a100-80gb", "llama-3-8b", 400),  # compute-bound, then memory-bound past ~245k KV
+    ("cpu-tiny", "tiny", 5),
+])
+def test_decode_steps_step_by_step_and_vectorised_are_bit_identical(
+        hw: str, model: str, seqs: int) -> None:
+    cm = CostModel.for_setup(setup_for(model, hw, tensor_parallel_size=1))
+    kv0, k = 12_345.0, 1000
+    tot, gpu = cm.decode_steps(seqs, kv0, k)
+    # The plain formula, max included, as the vectorised one must reproduce it exactly.
+    kv = kv0 + seqs * np.arange(k, dtype=np.float64)
+    compute = seqs * cm.s_per_token_compute + kv * cm.s_per_pair
+    memory = cm.s_weights + kv * cm.s_per_kv_token
+    want_gpu = np.maximum(compute, memory) + (cm.s_comm_fixed + seqs * cm.s_comm_per_token)
+    assert np.array_equal(gpu, want_gpu)
+    assert np.array_equal(tot, want_gpu + (cm.s_step + seqs * cm.s_per_seq))
+    steps = list(islice(cm.decode_step_iter(seqs, kv0), k))
+    assert steps == list(zip(tot.tolist(), gpu.tolist(), strict=True))
+    assert cm.decode_steps(seqs, kv0, 0)[0].shape == (0,)
 
 
 def test_model_folder_config_json_is_read(tmp_path) -> None:

@@ -128,6 +128,25 @@ def test_chunk_times_flushed_at_windows_match_an_unwatched_run() -> None:
         assert np.allclose(a.chunk_times_s, b.chunk_times_s, rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("cfg", [EngineConfig("llama-3-8b"),
+                                 EngineConfig("llama-3-8b", gpu_memory_utilization=0.235)])
+def test_short_stretches_in_python_match_numpy_exactly(cfg: EngineConfig,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode stretches go step by step in Python or at once in numpy; only speed differs."""
+    from autotune.sim.engine import _Run
+
+    results = []
+    for scalar_steps in (0, 10**9):  # all in numpy, then all in Python
+        monkeypatch.setattr(_Run, "SCALAR_STEPS", scalar_steps)
+        results.append(run(30, 300, cfg=cfg, on_window=lambda now, recs: False, window_s=0.7))
+    numpy_run, python_run = results
+    assert numpy_run.stats_dict() == python_run.stats_dict()
+    assert [(r.first_token_s, r.chunk_times_s, r.end_s) for r in numpy_run.records] == [
+        (r.first_token_s, r.chunk_times_s, r.end_s) for r in python_run.records]
+    if cfg.gpu_memory_utilization < 0.5:
+        assert numpy_run.total_preemptions > 0  # the small cache cut stretches short
+
+
 def test_engine_stats_and_timeline() -> None:
     res = run(20, 400)
     assert 0 < res.busy_fraction <= 1 and 0 < res.kv_usage_mean <= res.kv_usage_max <= 1

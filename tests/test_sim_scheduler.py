@@ -226,6 +226,19 @@ def test_decode_stretch_stops_before_a_finish_and_before_a_block_shortage() -> N
     assert int(needs.sum()) <= 2 and k == 8
 
 
+def test_block_cycle_repeats_the_stretch_block_needs() -> None:
+    s = make(num_blocks=1000, block_size=4)
+    for i, prompt in enumerate((3, 6, 9, 13, 17)):
+        s.add(Seq(i, prompt, 200))
+        s.complete(s.schedule())
+    for _ in range(3):
+        k, needs = s.decode_stretch()
+        cycle = s.block_cycle()
+        assert k == s.decode_stretch_limit() > 20 and len(cycle) == 4
+        assert needs.tolist() == [cycle[j % 4] for j in range(k)]
+        s.advance_decode(3, sum(cycle[:3]))  # three steps on: the cycle rotates
+
+
 def test_stretch_not_offered_when_the_queue_head_could_be_admitted() -> None:
     s = make()
     s.add(Seq(0, 4, 30))

@@ -15,6 +15,7 @@ Pure: no clock, no I/O.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,10 +70,16 @@ class CostModel:
         ``kv_tokens``: KV entries read (context plus new tokens, summed over sequences);
         ``pairs``: attention (query, key) pairs, summed over sequences.
         """
+        return StepCost(*self.step_s(tokens, seqs, kv_tokens, pairs))
+
+    def step_s(self, tokens: int, seqs: int, kv_tokens: float,
+               pairs: float) -> tuple[float, float]:
+        """``step`` as a plain ``(total_s, gpu_s)`` pair (the simulator's loop calls it
+        once per step: building a frozen dataclass would cost more than the arithmetic)."""
         compute = tokens * self.s_per_token_compute + pairs * self.s_per_pair
         memory = self.s_weights + kv_tokens * self.s_per_kv_token
         gpu = max(compute, memory) + self.s_comm_fixed + tokens * self.s_comm_per_token
-        return StepCost(gpu + self.s_step + seqs * self.s_per_seq, gpu)
+        return gpu + self.s_step + seqs * self.s_per_seq, gpu
 
     def decode_steps(self, seqs: int, kv0: float, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(total, gpu) times of ``k`` decode-only steps of ``seqs`` sequences.
@@ -80,8 +87,49 @@ class CostModel:
         The first step reads ``kv0`` KV entries; each step after reads ``seqs`` more (every
         sequence grew by one token).  For decode, pairs equal KV entries read.
         """
-        kv = kv0 + seqs * np.arange(k, dtype=np.float64)
-        compute = seqs * self.s_per_token_compute + kv * self.s_per_pair
-        memory = self.s_weights + kv * self.s_per_kv_token
-        gpu = np.maximum(compute, memory) + (self.s_comm_fixed + seqs * self.s_comm_per_token)
+        # Few numpy calls, and no max where it cannot matter: on a few dozen steps each
+        # call costs more than its arithmetic.  KV counts are whole numbers, so ``arange``
+        # gives them exactly (and exactly k of them).
+        if seqs:
+            kv = np.arange(kv0, kv0 + seqs * k, seqs, dtype=np.float64)
+        else:
+            kv = np.full(k, float(kv0))
+        memory = kv * self.s_per_kv_token
+        memory += self.s_weights
+        if self._memory_bound(seqs):
+            gpu = memory
+        else:
+            compute = kv * self.s_per_pair
+            compute += seqs * self.s_per_token_compute
+            gpu = np.maximum(compute, memory, out=compute)
+        gpu += self.s_comm_fixed + seqs * self.s_comm_per_token
         return gpu + (self.s_step + seqs * self.s_per_seq), gpu
+
+    def decode_step_iter(self, seqs: int, kv0: float) -> Iterator[tuple[float, float]]:
+        """``decode_steps`` one step at a time, without end: the same floating-point
+        operations in the same order, so the same values (KV counts are whole numbers, so
+        adding ``seqs`` step by step is exact).  Cheaper than numpy for a few steps."""
+        per_kv, weights = self.s_per_kv_token, self.s_weights
+        comm = self.s_comm_fixed + seqs * self.s_comm_per_token
+        host = self.s_step + seqs * self.s_per_seq
+        kv = kv0
+        if self._memory_bound(seqs):
+            while True:
+                gpu = kv * per_kv + weights + comm
+                yield gpu + host, gpu
+                kv += seqs
+        per_pair, flops = self.s_per_pair, seqs * self.s_per_token_compute
+        while True:
+            gpu = max(kv * per_pair + flops, kv * per_kv + weights) + comm
+            yield gpu + host, gpu
+            kv += seqs
+
+    def _memory_bound(self, seqs: int) -> bool:
+        """Whether a decode step of ``seqs`` sequences is memory-bound at every context.
+
+        Memory time has the larger intercept and slope, so it is the larger at any
+        ``kv >= 0``, in floating point too (rounding is monotone): the max is exact.
+        """
+        return (self.s_per_kv_token >= self.s_per_pair
+                and self.s_weights >= seqs * self.s_per_token_compute)
+

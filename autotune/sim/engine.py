@@ -13,7 +13,9 @@ steps.  With no front-end cost the engine runs exactly as without one.
 
 Speed: a step costs O(prefills + finishes) (see ``scheduler``), and stretches of
 decode-only steps with no arrival, finish, KV-block shortage or window boundary in
-between are costed and applied in one numpy call (front end included).
+between are costed and applied at once: in numpy (front end included), or, for a
+stretch of a few steps, in a plain loop that does the same arithmetic (a numpy call
+costs about a microsecond whatever its size).  Per-step records go to Python arrays.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from __future__ import annotations
 import heapq
 import json
 import math
+from array import array
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import cycle, islice
 from typing import Any
 
 import numpy as np
@@ -129,63 +134,87 @@ def error_body(message: str, code: int = 400) -> str:
 
 
 class _Steps:
-    """Growable per-step arrays: end time, GPU time, duration, blocks used, queue sizes,
-    and (front end modelled) when the client has the step's tokens."""
+    """Per-step records in step order: end time, duration, GPU time, KV blocks in use and,
+    with the front end modelled, when the client has the step's tokens; also the queue
+    sizes and cumulative preemptions after each step.
 
-    def __init__(self, cap: int = 8192) -> None:
-        self.n = 0
-        self.end = np.empty(cap)
-        self.dur = np.empty(cap)
-        self.gpu = np.empty(cap)
-        self.used = np.empty(cap, dtype=np.int64)
-        self.running = np.empty(cap, dtype=np.int64)
-        self.waiting = np.empty(cap, dtype=np.int64)
-        self.preempt = np.empty(cap, dtype=np.int64)  # cumulative preemptions
-        self.seen = np.empty(cap)  # filled only when the front end is modelled
+    Python arrays, not numpy ones: the loop appends a step at a time, which costs a numpy
+    array far more (and numpy's stretches go in as raw bytes).  The queue figures change
+    at few steps, so they are kept as runs.  :meth:`arrays` gives numpy views at the end.
+    """
 
-    def _grow(self, need: int) -> None:
-        cap = len(self.end)
-        if need <= cap:
-            return
-        new = max(need, 2 * cap)
-        for name in ("end", "dur", "gpu", "used", "running", "waiting", "preempt", "seen"):
-            old = getattr(self, name)
-            arr = np.empty(new, dtype=old.dtype)
-            arr[: self.n] = old[: self.n]
-            setattr(self, name, arr)
+    def __init__(self) -> None:
+        self.end = array("d")
+        self.dur = array("d")
+        self.gpu = array("d")
+        self.used = array("q")
+        self.seen = array("d")  # filled only when the front end is modelled
+        # Runs, flat: first step, running, waiting, cumulative preemptions from that step on.
+        self._runs = array("q")
+        self._state = (-1, -1, -1)
 
-    def add(self, end: float, dur: float, gpu: float, used: int, running: int, waiting: int,
-            preempt: int, seen: float | None = None) -> None:
-        i = self.n
-        if i >= len(self.end):
-            self._grow(i + 1)
-        self.end[i] = end
-        self.dur[i] = dur
-        self.gpu[i] = gpu
-        self.used[i] = used
-        self.running[i] = running
-        self.waiting[i] = waiting
-        self.preempt[i] = preempt
+    @property
+    def n(self) -> int:
+        return len(self.end)
+
+    def state_from(self, i: int, state: tuple[int, int, int]) -> None:
+        """Steps from ``i`` on leave (running, waiting, cumulative preemptions) = ``state``."""
+        if state != self._state:
+            self._runs.append(i)
+            self._runs.extend(state)
+            self._state = state
+
+    def add(self, end: float, dur: float, gpu: float, used: int,
+            state: tuple[int, int, int], seen: float | None = None) -> None:
+        self.state_from(len(self.end), state)
+        self.end.append(end)
+        self.dur.append(dur)
+        self.gpu.append(gpu)
+        self.used.append(used)
         if seen is not None:
-            self.seen[i] = seen
-        self.n = i + 1
+            self.seen.append(seen)
 
     def add_many(self, end: np.ndarray, dur: np.ndarray, gpu: np.ndarray, used: np.ndarray,
-                 running: int, waiting: int, preempt: int,
-                 seen: np.ndarray | None = None) -> None:
-        i, k = self.n, len(end)
-        self._grow(i + k)
-        j = i + k
-        self.end[i:j] = end
-        self.dur[i:j] = dur
-        self.gpu[i:j] = gpu
-        self.used[i:j] = used
-        self.running[i:j] = running
-        self.waiting[i:j] = waiting
-        self.preempt[i:j] = preempt
+                 state: tuple[int, int, int], seen: np.ndarray | None = None) -> None:
+        """Steps computed by numpy (float64 arrays of one length; ``used`` integers)."""
+        self.state_from(len(self.end), state)
+        self.end.frombytes(end.tobytes())
+        self.dur.frombytes(dur.tobytes())
+        self.gpu.frombytes(gpu.tobytes())
+        self.used.frombytes(used.astype(np.int64, copy=False).tobytes())
         if seen is not None:
-            self.seen[i:j] = seen
-        self.n = j
+            self.seen.frombytes(seen.tobytes())
+
+    def arrays(self) -> _StepArrays:
+        """The records as numpy arrays (views: append no more steps after this)."""
+        n = self.n
+        runs = np.frombuffer(self._runs, dtype=np.int64).reshape(-1, 4)
+        lengths = np.diff(np.append(runs[:, 0], n))
+        running, waiting, preempt = (np.repeat(runs[:, c], lengths) for c in (1, 2, 3))
+        return _StepArrays(
+            end=np.frombuffer(self.end, dtype=np.float64),
+            dur=np.frombuffer(self.dur, dtype=np.float64),
+            gpu=np.frombuffer(self.gpu, dtype=np.float64),
+            used=np.frombuffer(self.used, dtype=np.int64),
+            running=running, waiting=waiting, preempt=preempt,
+        )
+
+
+@dataclass(frozen=True)
+class _StepArrays:
+    """:class:`_Steps` as numpy arrays, one entry per step."""
+
+    end: np.ndarray
+    dur: np.ndarray
+    gpu: np.ndarray
+    used: np.ndarray
+    running: np.ndarray
+    waiting: np.ndarray
+    preempt: np.ndarray  # cumulative
+
+    @property
+    def n(self) -> int:
+        return len(self.end)
 
 
 def _as_hardware(hardware: HardwareProfile | str) -> HardwareProfile:
@@ -211,8 +240,10 @@ class _Run:
         # None: the front end costs nothing, and the engine runs as if it did not exist.
         self.fe = FrontEnd(costs) if costs.active else None
         self.requests = requests
-        self.arrivals = arrivals
-        self.order = np.argsort(arrivals, kind="stable")
+        order = np.argsort(arrivals, kind="stable")
+        # Python lists: the loop reads them one element at a time (numpy scalars are slow).
+        self.order: list[int] = order.tolist()
+        self.arrival_times: list[float] = arrivals[order].tolist()
         self.warmup = warmup
         self.max_concurrency = max_concurrency
         self.on_window = on_window
@@ -225,6 +256,7 @@ class _Run:
         self.gated: deque[int] = deque()
         self.inflight = 0
         self.next_arrival = 0  # position in self.order
+        self.t_arrival = self._arrival_time()  # when that arrival comes (inf: none left)
         self.next_boundary = window_s if on_window is not None else float("inf")
         self.aborted = False
         # Front end only: requests it is taking in, (time the scheduler sees it, rid) ...
@@ -236,8 +268,8 @@ class _Run:
     # ---- the client side: dispatch, concurrency gate, send, completion ---------------
     def _arrival_time(self) -> float:
         if self.next_arrival >= len(self.order):
-            return float("inf")
-        return float(self.arrivals[self.order[self.next_arrival]])
+            return math.inf
+        return self.arrival_times[self.next_arrival]
 
     def _client_until(self, t: float) -> None:
         """Apply the client's events up to ``t``: arrivals and, with a front end, the ends
@@ -247,7 +279,7 @@ class _Run:
             return
         delivery = self.delivery
         while True:
-            ta = self._arrival_time()
+            ta = self.t_arrival
             td = delivery[0][0] if delivery else math.inf
             if td <= ta and td <= t:
                 _, i = heapq.heappop(delivery)
@@ -258,12 +290,11 @@ class _Run:
                 return
 
     def _dispatch_until(self, t: float) -> None:
-        while self.next_arrival < len(self.order):
-            i = int(self.order[self.next_arrival])
-            at = float(self.arrivals[i])
-            if at > t:
-                return
+        while self.t_arrival <= t and self.next_arrival < len(self.order):
+            at = self.t_arrival
+            i = self.order[self.next_arrival]
             self.next_arrival += 1
+            self.t_arrival = self._arrival_time()
             req = self.requests[i]
             # Same conventions as the HTTP load generator: measured requests are numbered
             # from 0 (warm-up ones negative); token counts arrive with the usage chunk.
@@ -335,13 +366,13 @@ class _Run:
             if skip >= n:
                 skip -= n
                 continue
-            chunk = times[a + skip: b + 1]
-            if upto < chunk[-1]:  # the front end has not sent them all yet (times ascend)
-                cut = int(np.searchsorted(chunk, upto, side="right"))
-                rec.chunk_times_s.extend(chunk[:cut].tolist())
-                done += cut
+            lo = a + skip
+            if upto < times[b]:  # the front end has not sent them all yet (times ascend)
+                cut = bisect_right(times, upto, lo, b + 1)
+                rec.chunk_times_s.extend(times[lo:cut].tolist())
+                done += cut - lo
                 break
-            rec.chunk_times_s.extend(chunk.tolist())
+            rec.chunk_times_s.extend(times[lo: b + 1].tolist())
             done += n - skip
             skip = 0
         self.flushed[seq.rid] = done
@@ -419,80 +450,182 @@ class _Run:
         return min(t, self.delivery[0][0]) if self.delivery else t
 
     def run(self) -> float:
+        """Run the load test; the virtual time it ends."""
+        return self._run_plain() if self.fe is None else self._run_front()
+
+    def _state(self) -> tuple[int, int, int]:
+        """What a step records of the queues: (running, waiting, cumulative preemptions)."""
+        sched = self.sched
+        return len(sched.running), len(sched.waiting), sched.num_preemptions
+
+    def _run_plain(self) -> float:
+        """The engine loop with no front end: clients talk to the scheduler directly."""
+        sched, cost, steps, records = self.sched, self.cost, self.steps, self.records
+        now = 0.0
+        while not self.aborted:
+            if self.t_arrival <= now:
+                self._dispatch_until(now)
+            if sched.idle:
+                t_next = self.t_arrival
+                if t_next == math.inf:
+                    break
+                self._fire_windows(t_next)
+                now = t_next
+                continue
+            k = sched.decode_stretch_limit()
+            if k >= 2:
+                end = self._stretch(now, k)
+                if end is not None:
+                    now = end
+                    continue
+            plan = sched.schedule()
+            if plan.tokens == 0:
+                raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
+            total_s, gpu_s = cost.step_s(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            end = now + total_s
+            if self.next_boundary < end:
+                self._fire_windows_before(end)
+                if self.aborted:
+                    break
+            now = end
+            started, finished = sched.complete(plan)
+            steps.add(now, total_s, gpu_s, sched.used_blocks, self._state())
+            for seq in started:
+                rec = records[seq.rid]
+                if rec is not None and rec.first_token_s is None:
+                    rec.first_token_s = now
+            for seq in finished:
+                self._finish(seq, now)
+        return now
+
+    def _run_front(self) -> float:
+        """The engine loop with the front end as a stage before and after the engine."""
         sched, cost, steps, fe = self.sched, self.cost, self.steps, self.fe
+        assert fe is not None
         now = 0.0
         while not self.aborted:
             self._client_until(now)
-            if fe is not None:
-                self._handover_until(now)
+            self._handover_until(now)
             if sched.idle:
-                t_next = self._arrival_time()
-                if fe is not None:
-                    t_next = min(t_next, self._front_event_time())
-                if t_next == float("inf"):
+                t_next = min(self.t_arrival, self._front_event_time())
+                if t_next == math.inf:
                     break
                 self._fire_windows(t_next)
-                if fe is not None:
-                    fe.idle(t_next - now)
+                fe.idle(t_next - now)
                 now = t_next
                 continue
             k, needs = sched.decode_stretch()
             if k >= 2:
                 r = sched.num_decode
                 tot, gpu = cost.decode_steps(r, sched.decode_kv0(), k)
-                if fe is not None:
-                    end = self._front_stretch(now, tot, gpu, needs, r)
-                    if end is not None:
-                        now = end
-                        continue
-                else:
-                    ends = now + np.cumsum(tot)
-                    k = min(k,
-                            int(np.searchsorted(ends - tot, self._arrival_time(),
-                                                side="left")),
-                            int(np.searchsorted(ends, self.next_boundary, side="right")))
-                    if k >= 1:
-                        used = sched.used_blocks + np.cumsum(needs[:k])
-                        steps.add_many(ends[:k], tot[:k], gpu[:k], used, sched.num_running,
-                                       sched.num_waiting, sched.num_preemptions)
-                        sched.advance_decode(k, int(used[-1] - sched.used_blocks))
-                        now = float(ends[k - 1])
-                        continue
+                end = self._front_stretch(now, tot, gpu, needs, r)
+                if end is not None:
+                    now = end
+                    continue
             plan = sched.schedule()
             if plan.tokens == 0:
                 raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
-            c = cost.step(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
-            if fe is None:
-                end = now + c.total_s
-            else:
-                step_s = c.total_s + fe.step_extra(c.total_s)
-                end = now + step_s
+            total_s, gpu_s = cost.step_s(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            step_s = total_s + fe.step_extra(total_s)
+            end = now + step_s
             self._fire_windows_before(end)
             if self.aborted:
                 break
-            if fe is not None:
-                # What the client did during the step reaches the front end before the
-                # step's tokens do (the front end works in time order).
-                self._client_until(end)
+            # What the client did during the step reaches the front end before the
+            # step's tokens do (the front end works in time order).
+            self._client_until(end)
             now = end
             started, finished = sched.complete(plan)
-            if fe is None:
-                steps.add(now, c.total_s, c.gpu_s, sched.used_blocks, sched.num_running,
-                          sched.num_waiting, sched.num_preemptions)
-                for seq in started:
-                    rec = self.records[seq.rid]
-                    if rec is not None and rec.first_token_s is None:
-                        rec.first_token_s = now
-                for seq in finished:
-                    self._finish(seq, now)
-                continue
             # Each decoding sequence and each one whose prefill ended produced one token.
             seen_s = fe.emit(now, plan.num_decode + len(started))
-            steps.add(now, step_s, c.gpu_s, sched.used_blocks, sched.num_running,
-                      sched.num_waiting, sched.num_preemptions, seen_s)
+            steps.add(now, step_s, gpu_s, sched.used_blocks, self._state(), seen_s)
             for seq in finished:
                 heapq.heappush(self.delivery, (seen_s, seq.rid))
         return now
+
+    # ---- decode stretches (no front end) ----------------------------------------------
+    # A stretch is costed as ``decode_steps`` does it, either in numpy or one step at a
+    # time in plain Python (the same operations, so the same floats): a numpy call costs
+    # about a microsecond whatever its size, so short stretches, common at low load where
+    # the next arrival or finish is a few steps away, are cheaper in Python.  Which one
+    # runs changes only the speed (measured: 16 suits 2 to 100 req/s).
+    SCALAR_STEPS = 16  # stretches expected to stop within this many steps go step by step
+
+    def _stretch(self, now: float, k: int) -> float | None:
+        """Apply the longest prefix of the next ``k`` decode-only steps that fits the free
+        KV blocks, starts before the next arrival and ends by the next window boundary.
+
+        Returns the time it ends, or None when no step was applied: fewer than 2 steps
+        fit the blocks (then ``schedule`` takes the step, preempting as it must), or the
+        first step would start after the next arrival or end past the next boundary.
+        """
+        # Expected length: up to the heap's finish, or the next event at the last step's pace.
+        pace = self.steps.dur[-1] if self.steps.n else 0.0
+        event = min(self.t_arrival, self.next_boundary)
+        if k <= self.SCALAR_STEPS or event - now < self.SCALAR_STEPS * pace:
+            return self._stretch_scalar(now, k)
+        return self._stretch_vector(now, k)
+
+    def _stretch_vector(self, now: float, k: int) -> float | None:
+        """``_stretch`` in numpy."""
+        sched = self.sched
+        k, needs = sched.decode_stretch_blocks(k)
+        if k < 2:
+            return None
+        tot, gpu = self.cost.decode_steps(sched.num_decode, sched.decode_kv0(), k)
+        ends = np.add.accumulate(tot)  # cumsum, without its wrapper's overhead
+        ends += now
+        last = float(ends[-1])
+        # Steps start no later than they end, and ends ascend: a search is needed only
+        # when the event falls inside the stretch (else it would return k anyway).
+        if self.t_arrival <= last:
+            k = int((ends - tot).searchsorted(self.t_arrival, side="left"))
+        if self.next_boundary < last:
+            k = min(k, int(ends.searchsorted(self.next_boundary, side="right")))
+        if k < 1:
+            return None
+        used = needs[:k].cumsum()
+        used += sched.used_blocks
+        self.steps.add_many(ends[:k], tot[:k], gpu[:k], used, self._state())
+        sched.advance_decode(k, int(used[-1]) - sched.used_blocks)
+        return float(ends[k - 1])
+
+    def _stretch_scalar(self, now: float, k: int) -> float | None:
+        """``_stretch`` one step at a time: stops at the first step that does not fit.
+
+        Step starts and ends ascend (each step lasts far longer than a rounding step of
+        the clock), so stopping there gives what the searches in numpy give.
+        """
+        sched, steps = self.sched, self.steps
+        blocks = sched.block_cycle()
+        free = sched.free_blocks
+        if blocks[0] + blocks[1 % len(blocks)] > free:
+            return None  # fewer than 2 steps fit the blocks: not a stretch
+        t_arrival, t_window = self.t_arrival, self.next_boundary
+        used0 = sched.used_blocks
+        first = steps.n
+        add_end, add_dur = steps.end.append, steps.dur.append
+        add_gpu, add_used = steps.gpu.append, steps.used.append
+        elapsed = end = 0.0
+        alloc = n = 0
+        decodes = self.cost.decode_step_iter(sched.num_decode, sched.decode_kv0())
+        for (tot, gpu), need in zip(islice(decodes, k), cycle(blocks)):
+            elapsed += tot
+            t = now + elapsed  # as numpy's cumsum, then + now
+            if t - tot >= t_arrival or t > t_window or alloc + need > free:
+                break
+            alloc += need
+            add_end(t)
+            add_dur(tot)
+            add_gpu(gpu)
+            add_used(used0 + alloc)
+            end = t
+            n += 1
+        if n == 0:
+            return None
+        steps.state_from(first, self._state())
+        sched.advance_decode(n, alloc)
+        return end
 
     def _front_stretch(self, now: float, tot: np.ndarray, gpu: np.ndarray,
                        needs: np.ndarray, r: int) -> float | None:
@@ -502,7 +635,7 @@ class _Run:
         assert fe is not None
         # The engine's own step times bound the stretch (the front end only lengthens
         # steps): price the front end over that prefix alone.
-        k = self._front_stretch_limit(tot.cumsum() + now, tot)
+        k = self._front_stretch_limit(np.add.accumulate(tot) + now, tot)
         if k < 1:
             return None
         stretch = fe.stretch(now, tot[:k], r)
@@ -510,8 +643,8 @@ class _Run:
         if k < 1:
             return None
         used = needs[:k].cumsum() + sched.used_blocks
-        steps.add_many(stretch.end[:k], stretch.dur[:k], gpu[:k], used, sched.num_running,
-                       sched.num_waiting, sched.num_preemptions, stretch.seen[:k])
+        steps.add_many(stretch.end[:k], stretch.dur[:k], gpu[:k], used, self._state(),
+                       stretch.seen[:k])
         sched.advance_decode(k, int(used[-1] - sched.used_blocks))
         # The last step may straddle a client event, whose work reaches the front end
         # before that step's tokens do: price that step's tokens after it.
@@ -530,16 +663,18 @@ class _Run:
         next client event that gives the front end work (an arrival, or an end that lets
         a gated request go), and end by the next window.
         """
-        event = self._arrival_time()
+        event = self.t_arrival
         if self.max_concurrency is not None and self.delivery:
             event = min(event, self.delivery[0][0])
         if self.handover:
             event = min(event, self.handover[0][0])
         k = len(ends)
-        if event < math.inf:
-            k = int(np.searchsorted(ends - dur, event, side="left"))
-        if self.next_boundary < math.inf:
-            k = min(k, int(np.searchsorted(ends, self.next_boundary, side="right")))
+        last = float(ends[-1])
+        # As in ``_stretch_vector``: a search only when the event falls inside the stretch.
+        if event <= last:
+            k = int((ends - dur).searchsorted(event, side="left"))
+        if self.next_boundary < last:
+            k = min(k, int(ends.searchsorted(self.next_boundary, side="right")))
         return k
 
     def _fire_windows_before(self, end: float) -> None:
@@ -549,10 +684,10 @@ class _Run:
 
 
 def _stats(run: _Run, end_time: float) -> SimResult:
-    setup, st = run.setup, run.steps
+    setup, st = run.setup, run.steps.arrays()
     n = st.n
-    end, dur, gpu = st.end[:n], st.dur[:n], st.gpu[:n]
-    used, cum_pre = st.used[:n], st.preempt[:n]
+    end, dur, gpu = st.end, st.dur, st.gpu
+    used, cum_pre = st.used, st.preempt
     measured = [r for r in run.records if r is not None and not r.warmup]
     if measured:
         # The same window as metrics.summarize: first measured send to last completion.
@@ -613,30 +748,27 @@ def _frontend_busy(run: _Run, measured: list[RequestRecord], span: float) -> flo
     return work / (c.servers * span)
 
 
-def _timeline(st: _Steps, window_s: float, end_time: float, nblocks: int) -> list[TimelinePoint]:
+def _timeline(st: _StepArrays, window_s: float, end_time: float,
+              nblocks: int) -> list[TimelinePoint]:
     n = st.n
     if n == 0 or end_time <= 0:
         return []
     nbins = int(np.ceil(end_time / window_s))
-    end = st.end[:n]
+    end = st.end
     idx = np.minimum((end / window_s).astype(np.int64), nbins - 1)
     # A step ending exactly on an edge belongs to the window it ends
     idx = np.where((idx > 0) & (end == idx * window_s), idx - 1, idx)
-    busy = np.bincount(idx, weights=st.gpu[:n], minlength=nbins)
-    kvw = np.bincount(idx, weights=st.used[:n] * st.dur[:n], minlength=nbins)
+    busy = np.bincount(idx, weights=st.gpu, minlength=nbins)
+    kvw = np.bincount(idx, weights=st.used * st.dur, minlength=nbins)
     edges = window_s * np.arange(1, nbins + 1)
     last = np.searchsorted(end, edges, side="right") - 1
-    out = []
-    for b in range(nbins):
-        j = last[b]
-        running = int(st.running[j]) if j >= 0 else 0
-        waiting = int(st.waiting[j]) if j >= 0 else 0
-        out.append(TimelinePoint(
-            time_s=float(edges[b]), running=running, waiting=waiting,
-            kv_usage=float(min(kvw[b] / window_s / nblocks, 1.0)),
-            busy_fraction=float(min(busy[b] / window_s, 1.0)),
-        ))
-    return out
+    before = last < 0  # no step has ended yet: empty queues
+    running = np.where(before, 0, st.running[last])
+    waiting = np.where(before, 0, st.waiting[last])
+    kv_usage = np.minimum(kvw / window_s / nblocks, 1.0)
+    busy_fraction = np.minimum(busy / window_s, 1.0)
+    columns = (edges, running, waiting, kv_usage, busy_fraction)  # TimelinePoint's fields
+    return list(map(TimelinePoint, *(c.tolist() for c in columns)))
 
 
 def simulate(

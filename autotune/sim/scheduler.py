@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from autotune.sim.config import EngineSetup
 
 WAITING, PREFILL, DECODE, FINISHED = "waiting", "prefill", "decode", "finished"
+_NO_NEEDS = np.zeros(0, dtype=np.int64)  # a stretch of no steps allocates nothing
+_NO_NEEDS.flags.writeable = False
 
 
 @dataclass(eq=False, slots=True)
@@ -112,6 +114,9 @@ class Scheduler:
         self.num_decode = 0
         self.num_preemptions = 0
         self._phase = [0] * block_size  # decoding seqs by c_base mod block_size
+        # The same counts as an array, for a stretch's block needs in one ``take``.
+        self._phase_arr = np.zeros(block_size, dtype=np.int64)
+        self._rev = np.zeros(0, dtype=np.int64)  # (-j) mod block_size; grown on demand
         self._sum_cbase = 0
         self._heap: list[tuple[int, int, int, Seq]] = []  # (finish step, epoch, rid, seq)
 
@@ -166,7 +171,9 @@ class Scheduler:
         seq.computed = seq.c_base + self.step
         seq.generated = seq.computed - seq.prompt_tokens + 1
         seq.blocks = _cdiv(seq.computed, self.block_size)
-        self._phase[seq.c_base % self.block_size] -= 1
+        p = seq.c_base % self.block_size
+        self._phase[p] -= 1
+        self._phase_arr[p] -= 1
         self._sum_cbase -= seq.c_base
         self.num_decode -= 1
         seq.epoch += 1
@@ -194,7 +201,9 @@ class Scheduler:
     def _enter_decode(self, seq: Seq, next_step: int) -> None:
         seq.state = DECODE
         seq.c_base = seq.computed - next_step
-        self._phase[seq.c_base % self.block_size] += 1
+        p = seq.c_base % self.block_size
+        self._phase[p] += 1
+        self._phase_arr[p] += 1
         self._sum_cbase += seq.c_base
         self.num_decode += 1
         finish = seq.prompt_tokens + seq.max_output - 1 - seq.c_base
@@ -340,24 +349,46 @@ class Scheduler:
         The step that finishes a sequence is left to ``schedule``.  Returns ``(k, needs)``
         with ``needs[j]`` the blocks step ``j`` allocates; k = 0 when no stretch applies.
         """
-        empty = np.zeros(0, dtype=np.int64)
+        return self.decode_stretch_blocks(self.decode_stretch_limit())
+
+    def decode_stretch_blocks(self, k: int) -> tuple[int, np.ndarray]:
+        """The first ``k`` steps of a stretch cut where KV blocks run out: ``decode_stretch``
+        from ``k = decode_stretch_limit()``."""
+        if k <= 0:
+            return 0, _NO_NEEDS
+        needs = self._stretch_needs(k)
+        if self.num_decode * (k // self.block_size + 1) > self.free_blocks:
+            k = int(needs.cumsum().searchsorted(self.free_blocks, side="right"))
+            needs = needs[:k]
+        return k, needs
+
+    def decode_stretch_limit(self) -> int:
+        """``decode_stretch``'s ``k`` before KV blocks are counted (they may cut it short:
+        see :meth:`block_cycle`); 0 when no stretch applies."""
         if self.prefilling or not self.num_decode or self._head_admissible():
-            return 0, empty
+            return 0
         heap = self._heap
         while heap and (heap[0][1] != heap[0][3].epoch or heap[0][3].state != DECODE):
             heapq.heappop(heap)
-        k = heap[0][0] - self.step - 1 if heap else 0
-        if k <= 0:
-            return 0, empty
+        return max(heap[0][0] - self.step - 1, 0) if heap else 0
+
+    def block_cycle(self) -> list[int]:
+        """Blocks each of the next ``block_size`` decode steps allocates; the steps after
+        repeat the cycle (while the same sequences decode).
+
+        Step ``s`` allocates one block per decoding seq whose ``c_base + s`` is a multiple
+        of the block size, i.e. ``_phase[-s mod block_size]`` blocks.
+        """
+        m = (-self.step) % self.block_size
+        return self._phase[m::-1] + self._phase[:m:-1]
+
+    def _stretch_needs(self, k: int) -> np.ndarray:
+        """``block_cycle`` over the next ``k`` steps, as an array (one ``take``)."""
         bs = self.block_size
-        cycle = np.array([self._phase[(-(self.step + j)) % bs] for j in range(bs)],
-                         dtype=np.int64)
-        needs = np.resize(cycle, k)
-        if self.num_decode * (k // bs + 1) > self.free_blocks:
-            cum = np.cumsum(needs)
-            k = int(np.searchsorted(cum, self.free_blocks, side="right"))
-            needs = needs[:k]
-        return k, needs
+        s0 = self.step % bs
+        if len(self._rev) < s0 + k:  # grown rarely: to twice what is needed
+            self._rev = -np.arange(2 * (s0 + k), dtype=np.int64) % bs
+        return self._phase_arr.take(self._rev[s0: s0 + k])
 
     def advance_decode(self, k: int, blocks: int) -> None:
         """Apply ``k`` decode-only steps that allocate ``blocks`` blocks in all."""

@@ -100,6 +100,37 @@ def test_a_priced_stretch_equals_pricing_its_steps_one_at_a_time() -> None:
     assert fast and slow  # both regimes (front end keeping up, and behind) were checked
 
 
+def test_pricing_step_by_step_gives_the_numpy_stretch_bit_for_bit() -> None:
+    """``stretch_steps`` (the simulator's path for short stretches) and ``stretch`` do the
+    same floating-point operations: equal values, not merely close ones."""
+    rng = np.random.default_rng(3)
+    regimes = set()
+    for _ in range(400):
+        costs = FrontEndCosts(request_s=rng.uniform(0, 0.01),
+                              token_s=rng.uniform(0, 3e-4) * int(rng.integers(0, 2)),
+                              share=rng.uniform(0, 1) * int(rng.integers(0, 2)),
+                              servers=int(rng.integers(1, 4)))
+        vector, scalar = FrontEnd(costs), FrontEnd(costs)
+        vector.free_at = scalar.free_at = 1.0 + rng.uniform(-0.05, 0.03)
+        vector.debt = scalar.debt = rng.uniform(0, 0.01) * int(rng.integers(0, 2))
+        base = np.sort(rng.uniform(0.001, 0.01, size=int(rng.integers(1, 25))))
+        gpu = base * 0.5
+        tokens = int(rng.integers(1, 64))
+        priced = vector.stretch(1.0, base.copy(), tokens)
+        pairs = list(zip(base.tolist(), gpu.tolist(), strict=True))
+        steps = list(scalar.stretch_steps(1.0, pairs, tokens))
+        assert [s[:2] for s in steps] == pairs
+        for c, column in enumerate((priced.dur, priced.end, priced.seen, priced.debt), 2):
+            assert [s[c] for s in steps] == column.tolist()
+        k = int(rng.integers(1, len(base) + 1))
+        vector.apply(priced, k, tokens)
+        scalar.commit(steps[k - 1][4], steps[k - 1][5], k, tokens)
+        assert (vector.free_at, vector.debt, vector.work_s) == (
+            scalar.free_at, scalar.debt, scalar.work_s)
+        regimes.add(bool(np.all(priced.debt == priced.debt[0])))
+    assert regimes == {True, False}  # the closed form and the recursions both ran
+
+
 def test_costs_and_profile_fields_are_validated() -> None:
     with pytest.raises(ValueError, match="share"):
         FrontEndCosts(0.001, 0.0, share=1.5)
@@ -248,6 +279,36 @@ def test_windows_see_only_what_the_client_has_and_abort_cleanly() -> None:
         assert len(a.chunk_times_s) == len(b.chunk_times_s) == a.output_tokens
         assert a.first_token_s == pytest.approx(b.first_token_s, abs=1e-9)
         assert np.allclose(a.chunk_times_s, b.chunk_times_s, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("case", ["cpu-tiny", "a100-small-cache"])
+def test_front_end_stretches_in_python_match_numpy_exactly(
+        case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a front end too, decode stretches go step by step in Python or at once in
+    numpy; only speed differs (windows and a gate cut stretches at client events)."""
+    from autotune.sim.engine import _Run
+
+    if case == "cpu-tiny":
+        hw, cfg = load_hardware("cpu-tiny"), EngineConfig("tiny", max_num_seqs=16,
+                                                          max_model_len=1024)
+        requests = [r for r in lognormal(300, seed=4)
+                    if r.prompt_tokens + r.output_tokens <= 1024]
+        rate, gate = 12.0, 24
+    else:  # a small KV cache: preemptions cut stretches short
+        hw = with_front(3.0, 60.0, 0.3)
+        cfg = EngineConfig("llama-3-8b", gpu_memory_utilization=0.235)
+        requests, rate, gate = lognormal(400, seed=5), 40.0, None
+    results = []
+    for scalar_steps in (0, 10**9):  # all in numpy, then all in Python
+        monkeypatch.setattr(_Run, "SCALAR_STEPS", scalar_steps)
+        results.append(run(hw, requests, rate, cfg=cfg, max_concurrency=gate,
+                           on_window=lambda now, recs: False, window_s=0.7))
+    numpy_run, python_run = results
+    assert numpy_run.stats_dict() == python_run.stats_dict()
+    assert fingerprint(numpy_run) == fingerprint(python_run)
+    assert numpy_run.frontend_busy_fraction > 0
+    if case != "cpu-tiny":
+        assert numpy_run.total_preemptions > 0
 
 
 def test_records_stay_consistent_with_a_gate_and_refusals() -> None:

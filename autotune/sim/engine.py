@@ -502,10 +502,14 @@ class _Run:
         """The engine loop with the front end as a stage before and after the engine."""
         sched, cost, steps, fe = self.sched, self.cost, self.steps, self.fe
         assert fe is not None
+        delivery, handover = self.delivery, self.handover
         now = 0.0
         while not self.aborted:
-            self._client_until(now)
-            self._handover_until(now)
+            # The calls only when due: most iterations have nothing to apply.
+            if self.t_arrival <= now or (delivery and delivery[0][0] <= now):
+                self._client_until(now)
+            if handover and handover[0][0] <= now:
+                self._handover_until(now)
             if sched.idle:
                 t_next = min(self.t_arrival, self._front_event_time())
                 if t_next == math.inf:
@@ -514,11 +518,9 @@ class _Run:
                 fe.idle(t_next - now)
                 now = t_next
                 continue
-            k, needs = sched.decode_stretch()
+            k = sched.decode_stretch_limit()
             if k >= 2:
-                r = sched.num_decode
-                tot, gpu = cost.decode_steps(r, sched.decode_kv0(), k)
-                end = self._front_stretch(now, tot, gpu, needs, r)
+                end = self._front_stretch(now, k)
                 if end is not None:
                     now = end
                     continue
@@ -627,12 +629,33 @@ class _Run:
         sched.advance_decode(n, alloc)
         return end
 
-    def _front_stretch(self, now: float, tot: np.ndarray, gpu: np.ndarray,
-                       needs: np.ndarray, r: int) -> float | None:
-        """Front end: apply the steps of a decode stretch of ``r`` sequences that may run
-        in one go (engine times ``tot``); the time they end, or None when none may."""
+    # ---- decode stretches (front end) -----------------------------------------------
+    # As without a front end: numpy for long stretches, one step at a time for short ones,
+    # the same arithmetic either way (``FrontEnd.stretch`` / ``FrontEnd.stretch_steps``).
+    def _front_stretch(self, now: float, k: int) -> float | None:
+        """Front end: apply the longest prefix of the next ``k`` decode-only steps that
+        fits the free KV blocks, starts before the next event that may change the batch
+        or give the front end work, and ends by the next window boundary.
+
+        Returns the time it ends, or None when no step was applied (``schedule`` takes
+        the step then): fewer than 2 steps fit the blocks, or the first step would start
+        after that event or end past the boundary.
+        """
+        pace = self.steps.dur[-1] if self.steps.n else 0.0
+        event = min(self._front_stretch_event(), self.next_boundary)
+        if k <= self.SCALAR_STEPS or event - now < self.SCALAR_STEPS * pace:
+            return self._front_stretch_scalar(now, k)
+        return self._front_stretch_vector(now, k)
+
+    def _front_stretch_vector(self, now: float, k: int) -> float | None:
+        """``_front_stretch`` in numpy."""
         fe, sched, steps = self.fe, self.sched, self.steps
         assert fe is not None
+        k, needs = sched.decode_stretch_blocks(k)
+        if k < 2:
+            return None
+        r = sched.num_decode
+        tot, gpu = self.cost.decode_steps(r, sched.decode_kv0(), k)
         # The engine's own step times bound the stretch (the front end only lengthens
         # steps): price the front end over that prefix alone.
         k = self._front_stretch_limit(np.add.accumulate(tot) + now, tot)
@@ -646,28 +669,79 @@ class _Run:
         steps.add_many(stretch.end[:k], stretch.dur[:k], gpu[:k], used, self._state(),
                        stretch.seen[:k])
         sched.advance_decode(k, int(used[-1] - sched.used_blocks))
-        # The last step may straddle a client event, whose work reaches the front end
-        # before that step's tokens do: price that step's tokens after it.
         if k > 1:
             fe.apply(stretch, k - 1, r)
-        fe.step_extra(float(tot[k - 1]))  # the debt it pays (its duration above)
-        end = float(stretch.end[k - 1])
-        self._client_until(end)
+        return self._front_stretch_last(float(tot[k - 1]), float(stretch.end[k - 1]), r)
+
+    def _front_stretch_scalar(self, now: float, k: int) -> float | None:
+        """``_front_stretch`` one step at a time: stops at the first step that does not
+        fit, as the searches in numpy do (step starts and ends ascend)."""
+        fe, sched, steps = self.fe, self.sched, self.steps
+        assert fe is not None
+        blocks = sched.block_cycle()
+        free = sched.free_blocks
+        if blocks[0] + blocks[1 % len(blocks)] > free:
+            return None  # fewer than 2 steps fit the blocks: not a stretch
+        r = sched.num_decode
+        event, t_window = self._front_stretch_event(), self.next_boundary
+        used0, first = sched.used_blocks, steps.n
+        add_end, add_dur, add_seen = steps.end.append, steps.dur.append, steps.seen.append
+        add_gpu, add_used = steps.gpu.append, steps.used.append
+        decodes = islice(self.cost.decode_step_iter(r, sched.decode_kv0()), k)
+        # The engine's own time: the bound ``_front_stretch_vector`` applies first.  Its
+        # window test is left out: a step ends no earlier with the front end's debt.
+        elapsed = 0.0
+        alloc = n = 0
+        last_base = last_end = debt_before = last_debt = 0.0
+        for (base, gpu, dur, end, seen, debt), need in zip(
+                fe.stretch_steps(now, decodes, r), cycle(blocks)):
+            elapsed += base
+            if (elapsed + now - base >= event or end - dur >= event or end > t_window
+                    or alloc + need > free):
+                break
+            alloc += need
+            add_end(end)
+            add_dur(dur)
+            add_gpu(gpu)
+            add_used(used0 + alloc)
+            add_seen(seen)
+            last_base, last_end, debt_before, last_debt = base, end, last_debt, debt
+            n += 1
+        if n == 0:
+            return None
+        steps.state_from(first, self._state())
+        sched.advance_decode(n, alloc)
+        if n > 1:
+            fe.commit(steps.seen[-2], debt_before, n - 1, r)
+        return self._front_stretch_last(last_base, last_end, r)
+
+    def _front_stretch_last(self, base: float, end: float, r: int) -> float:
+        """Settle a stretch's last step (engine time ``base``, ending at ``end``): it may
+        straddle a client event, whose work reaches the front end before that step's
+        tokens do, so its tokens are priced after the event.  Returns ``end``."""
+        fe, steps = self.fe, self.steps
+        assert fe is not None
+        fe.step_extra(base)  # the debt it pays (its duration above)
+        if self.t_arrival <= end or (self.delivery and self.delivery[0][0] <= end):
+            self._client_until(end)
         steps.seen[steps.n - 1] = fe.emit(end, r)
         return end
 
-    def _front_stretch_limit(self, ends: np.ndarray, dur: np.ndarray) -> int:
-        """Front end: how many steps of a decode stretch may run in one go.
-
-        Steps must start before the next hand-over (the scheduler may admit it) and the
-        next client event that gives the front end work (an arrival, or an end that lets
-        a gated request go), and end by the next window.
-        """
+    def _front_stretch_event(self) -> float:
+        """Front end: a stretch's steps start before this: the next hand-over (the
+        scheduler may admit it) or client event that gives the front end work (an
+        arrival, or an end that lets a gated request go)."""
         event = self.t_arrival
         if self.max_concurrency is not None and self.delivery:
             event = min(event, self.delivery[0][0])
         if self.handover:
             event = min(event, self.handover[0][0])
+        return event
+
+    def _front_stretch_limit(self, ends: np.ndarray, dur: np.ndarray) -> int:
+        """Front end: how many steps of a decode stretch may run in one go (they start
+        before ``_front_stretch_event`` and end by the next window)."""
+        event = self._front_stretch_event()
         k = len(ends)
         last = float(ends[-1])
         # As in ``_stretch_vector``: a search only when the event falls inside the stretch.

@@ -28,6 +28,7 @@ the mutable clock of one simulation.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,11 @@ def lindley(start: float, add: float, drain: np.ndarray) -> np.ndarray:
     walk = np.zeros(k)
     np.cumsum(add - drain[1:], out=walk[1:])
     return np.maximum(first + walk, walk - np.minimum.accumulate(walk)) + add
+
+
+# One decode step priced by ``FrontEnd.stretch_steps``: (engine time, GPU time, duration,
+# end, when the client has its tokens, the engine's debt after it).
+StepPrice = tuple[float, float, float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,81 @@ class FrontEnd:
         backlog = lindley(self.free_at - now, work / c.servers, dur)
         return Stretch(dur=dur, end=ends, seen=ends + backlog, debt=debt)
 
+    def stretch_steps(self, now: float, steps: Iterable[tuple[float, float]],
+                      tokens: int) -> Iterator[StepPrice]:
+        """:meth:`stretch` one step at a time: for each ``(base, gpu)`` of ``steps``, the
+        step's ``(base, gpu, dur, end, seen, debt)`` (``gpu`` passes through untouched).
+
+        The same floating-point operations in the same order as :meth:`stretch` and
+        :func:`lindley` (cumulative sums added up in order, the running minimum carried),
+        so the same values: cheaper than numpy for a few steps.  Reads the state once, at
+        the first step, and changes nothing (:meth:`commit` does that).
+        """
+        c = self.costs
+        work = tokens * c.token_s
+        it = iter(steps)
+        first = next(it, None)
+        if first is None:
+            return
+        base0 = first[0]
+        if (work <= c.servers * base0 and self.free_at - now <= base0
+                and self.debt <= self._pay_rate * base0):
+            yield from self._steps_keeping_up(now, first, it, work)
+        else:
+            yield from self._steps_lindley(now, first, it, work)
+
+    def _steps_keeping_up(self, now: float, first: tuple[float, float],
+                          it: Iterator[tuple[float, float]], work: float) -> Iterator[StepPrice]:
+        """``stretch_steps`` in the closed form of :meth:`stretch`'s usual case."""
+        c = self.costs
+        paid, lag = c.share * work, work / c.servers
+        base, gpu = first
+        elapsed = dur = base + self.debt
+        end = elapsed + now
+        yield base, gpu, dur, end, max(self.free_at, end) + lag, paid
+        for base, gpu in it:
+            dur = base + paid
+            elapsed += dur
+            end = elapsed + now
+            yield base, gpu, dur, end, end + lag, paid
+
+    def _steps_lindley(self, now: float, first: tuple[float, float],
+                       it: Iterator[tuple[float, float]], work: float) -> Iterator[StepPrice]:
+        """``stretch_steps`` through :func:`lindley`'s recursions, carried step by step:
+        the engine's debt (drained by each step's cap) and the front end's backlog
+        (drained by each step's duration)."""
+        c = self.costs
+        pay, paid, lag = self._pay_rate, c.share * work, work / c.servers
+        base, gpu = first
+        cap = pay * base
+        owed = self.debt
+        dur = base + min(owed, cap)
+        d_first = max(owed - cap, 0.0)  # lindley's ``first`` for the debt ...
+        b_first = max((self.free_at - now) - dur, 0.0)  # ... and for the backlog
+        d_walk = d_low = b_walk = b_low = 0.0  # walks and their running minima
+        elapsed = dur
+        end = elapsed + now
+        owed = max(d_first + d_walk, d_walk - d_low) + paid
+        yield base, gpu, dur, end, end + (max(b_first + b_walk, b_walk - b_low) + lag), owed
+        for base, gpu in it:
+            cap = pay * base
+            dur = base + min(owed, cap)
+            d_walk += paid - cap
+            d_low = min(d_low, d_walk)
+            b_walk += lag - dur
+            b_low = min(b_low, b_walk)
+            elapsed += dur
+            end = elapsed + now
+            owed = max(d_first + d_walk, d_walk - d_low) + paid
+            yield base, gpu, dur, end, end + (max(b_first + b_walk, b_walk - b_low) + lag), owed
+
     def apply(self, stretch: Stretch, k: int, tokens: int) -> None:
         """Commit the first ``k`` steps of ``stretch`` (each produced ``tokens``)."""
-        self.free_at = max(self.free_at, float(stretch.seen[k - 1]))
-        self.debt = float(stretch.debt[k - 1])
+        self.commit(float(stretch.seen[k - 1]), float(stretch.debt[k - 1]), k, tokens)
+
+    def commit(self, seen: float, debt: float, k: int, tokens: int) -> None:
+        """Commit ``k`` priced steps (each produced ``tokens``), the last of which the
+        client sees at ``seen`` and leaves the engine ``debt``."""
+        self.free_at = max(self.free_at, seen)
+        self.debt = debt
         self.work_s += k * tokens * self.costs.token_s

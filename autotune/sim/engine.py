@@ -38,7 +38,7 @@ from autotune.sim.config import EngineConfig, EngineSetup, resolve
 from autotune.sim.costmodel import CostModel
 from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
-from autotune.sim.scheduler import DECODE, Scheduler, Seq
+from autotune.sim.scheduler import DECODE, Plan, Scheduler, Seq
 from autotune.workload import Request
 
 ABORTED = "aborted: pruned"
@@ -458,9 +458,17 @@ class _Run:
         sched = self.sched
         return len(sched.running), len(sched.waiting), sched.num_preemptions
 
+    def _scheduled_step(self) -> tuple[Plan, float, float]:
+        """The scheduler's next step and its (total, GPU) seconds."""
+        plan = self.sched.schedule()
+        if plan.tokens == 0:
+            raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
+        total_s, gpu_s = self.cost.step_s(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+        return plan, total_s, gpu_s
+
     def _run_plain(self) -> float:
         """The engine loop with no front end: clients talk to the scheduler directly."""
-        sched, cost, steps, records = self.sched, self.cost, self.steps, self.records
+        sched, steps, records = self.sched, self.steps, self.records
         now = 0.0
         while not self.aborted:
             if self.t_arrival <= now:
@@ -478,10 +486,7 @@ class _Run:
                 if end is not None:
                     now = end
                     continue
-            plan = sched.schedule()
-            if plan.tokens == 0:
-                raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
-            total_s, gpu_s = cost.step_s(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            plan, total_s, gpu_s = self._scheduled_step()
             end = now + total_s
             if self.next_boundary < end:
                 self._fire_windows_before(end)
@@ -500,7 +505,7 @@ class _Run:
 
     def _run_front(self) -> float:
         """The engine loop with the front end as a stage before and after the engine."""
-        sched, cost, steps, fe = self.sched, self.cost, self.steps, self.fe
+        sched, steps, fe = self.sched, self.steps, self.fe
         assert fe is not None
         delivery, handover = self.delivery, self.handover
         now = 0.0
@@ -524,10 +529,7 @@ class _Run:
                 if end is not None:
                     now = end
                     continue
-            plan = sched.schedule()
-            if plan.tokens == 0:
-                raise RuntimeError("simulator scheduled an empty step (scheduler bug)")
-            total_s, gpu_s = cost.step_s(plan.tokens, plan.seqs, plan.kv_tokens, plan.pairs)
+            plan, total_s, gpu_s = self._scheduled_step()
             step_s = total_s + fe.step_extra(total_s)
             end = now + step_s
             self._fire_windows_before(end)

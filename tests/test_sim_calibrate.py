@@ -333,7 +333,8 @@ def test_benchmark_without_vllm_says_skipped(tmp_path: Path) -> None:
 @pytest.mark.vllm
 def test_benchmark_smoke_on_real_vllm(tmp_path: Path) -> None:
     """The whole benchmark at smoke sizes (~1 min: one server start, a few seconds of
-    calibration, two small load tests).  Figures are not checked, only that they exist."""
+    calibration, two small load tests).  Figures are not checked (the machine is shared),
+    only that they exist, the front end's included."""
     from autotune.server import pid_alive
 
     py = os.environ.get("AUTOTUNE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
@@ -349,11 +350,23 @@ def test_benchmark_smoke_on_real_vllm(tmp_path: Path) -> None:
     assert len(fit["samples"]) == len(data["calibration"]["decode"]) + len(
         data["calibration"]["prefill"])
     assert fit["fitted"]["step_overhead_ms"] >= 0
+    # The front end is fitted from the calibration (schedstat on Linux): its costs and
+    # its share of the engine's core are in the profile the validation simulates.
+    front = data["calibration"]["front_end"]
+    assert front["fit"] is not None and front["share"] is not None, front["notes"]
+    profile = data["calibration"]["fitted_profile"]
+    assert profile["frontend_request_ms"] == pytest.approx(front["fit"]["frontend_request_ms"])
+    assert 0 <= profile["frontend_engine_share"] <= 1
+    assert data["calibration"]["intake"]["api_cpu_s"] > 0
     n = data["validation"]["num_prompts"]
     for r in data["rates"]:
         assert r["real"]["completed"] == n and r["sim"]["completed"] == n
         assert r["sim"]["cpu_s"] > 0 and r["real"]["wall_s"] > 0
+        assert set(r["met"]) == {"throughput", "e2e_p99", "ttft_p99"}
+    assert data["label"] == "tiny" and data["headline"]["ttft_p99_error_max"] is not None
     sys.path.insert(0, str(ROOT))
     from benchmarks.sim_fidelity import markdown
 
-    assert "**Headline (same run)" in "\n".join(markdown(data))
+    text = "\n".join(markdown(data))
+    assert "**Headline (same run): tiny: " in text and "P99 TTFT error max" in text
+    assert "**Front end**" in text

@@ -530,8 +530,7 @@ def run_search(o: SearchOptions) -> int:
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
                             on_probe=view.probe, on_progress=view.progress,
                             attrs=_study_attrs(o, plan, wl, load_plan),
-                            predict=None if twin is None else twin.predict,
-                            on_searched=None if twin is None else _learn(twin, out))
+                            **_twin_hooks(twin, out))
         views = _views(run.study)
         bounds = rate_bounds(plan.space)
         rec = rec_mod.recommend(
@@ -663,12 +662,9 @@ def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
     from autotune.sim.profiles import load_hardware, load_model
     from autotune.study_twin import PROFILE_FILE, StudyTwin
 
-    twin = StudyTwin(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
-                     model=load_model(plan.sim_model), out_dir=plan.settings.out_dir,
-                     plan=load_plan, settings=plan.settings, candidates=o.twin_candidates,
-                     # One pass over the request pool at most: scoring a test's cycled
-                     # repeats of the same requests tells the fit nothing new.
-                     cap=max(1, min(StudyTwin.cap, len(load_plan.requests))))
+    twin = StudyTwin.for_study(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
+                               model=load_model(plan.sim_model), settings=plan.settings,
+                               plan=load_plan, candidates=o.twin_candidates)
     out.print(f"twin: the simulator on {plan.gpus}x{plan.twin_prior}, {plan.sim_model} "
               "learns this server: after each trial its profile is refitted to every load "
               f"test so far ({plan.settings.out_dir / PROFILE_FILE}), the next trial is "
@@ -678,41 +674,18 @@ def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
     return twin
 
 
-def _learn(twin: Any, out: Console) -> Any:
-    """After each searched trial: refit the twin, say how well it predicted the trial,
-    and queue its best config not yet measured."""
-    from autotune.errors import AutotuneError
-    from autotune.record import stored_trials
+def _twin_hooks(twin: Any, out: Console) -> dict[str, Any]:
+    """``run_study``'s twin hooks, printing what the twin learns and picks."""
+    if twin is None:
+        return {}
 
-    def learn(trial: Any, probe: Any, ceiling: Any) -> None:
-        try:
-            step = twin.observe(trial.number, probe, ceiling, trial.user_attrs.get("predicted"))
-        except (AutotuneError, ValueError) as exc:
-            # The twin is advice: a config the simulator cannot model (or a fit that
-            # fails) costs this trial's lesson, never the study.
-            err_console.print(f"twin: trial {trial.number} not learned: {exc}", soft_wrap=True)
-            return
-        if step is None:
-            return
-        trial.set_user_attr("twin", step.to_dict())
-        out.print(step.sentence(), soft_wrap=True, highlight=False)
-        study = trial.study
-        measured = [t.params for t in stored_trials(study, finished=False)]
-        try:
-            picks = twin.picks(measured, seed=trial.number + 1)
-        except (AutotuneError, ValueError) as exc:
-            err_console.print(f"twin: no pick after trial {trial.number}: {exc}",
-                              soft_wrap=True)
-            return
-        for params, attrs in picks:
-            study.enqueue_trial(params, user_attrs=attrs)
-            p = attrs["predicted"]
-            out.print(f"twin: next, its best predicted config {params} (ceiling "
-                      f"{p.get('ceiling_rate') or 0:.4g} req/s, goodput "
-                      f"{p.get('goodput_tokens') or 0:,.0f} tok/s; simulated)",
-                      soft_wrap=True, highlight=False)
+    def say(text: str) -> None:
+        out.print(text, soft_wrap=True, highlight=False)
 
-    return learn
+    def warn(text: str) -> None:
+        err_console.print(text, soft_wrap=True)
+
+    return twin.hooks(say=say, warn=warn)
 
 
 def _views(study: Any) -> list[Any]:

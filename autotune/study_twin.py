@@ -13,9 +13,11 @@ After each trial of a real study (``autotune search --twin``), :class:`StudyTwin
    best config, which the real study measures next, and every trial's first probe
    starts at the twin's predicted ceiling.
 
-Predictions are stored with the trial (``predicted``, source ``simulated``) so the
-recommendation and the report show predicted and measured side by side.  Everything
-the twin says is simulated; only the load tests it learns from are measured.
+:meth:`StudyTwin.hooks` is the one wiring of a twin into ``run_study`` (the search
+pipeline and the scenario benchmark both pass it).  Predictions are stored with the
+trial (``predicted``, source ``simulated``) so the recommendation and the report show
+predicted and measured side by side.  Everything the twin says is simulated; only the
+load tests it learns from are measured.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import math
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -128,6 +130,26 @@ class StudyTwin:
                             "and cap >= 1")
         self.profile = self.prior
 
+    @classmethod
+    def for_study(cls, *, prior: HardwareProfile, model: ModelProfile, settings: Any,
+                  plan: Any, candidates: int = 12) -> StudyTwin:
+        """The twin of the study ``settings`` describes, writing into its folder."""
+        return cls(prior=prior, model=model, out_dir=settings.out_dir, plan=plan,
+                   settings=settings, candidates=candidates,
+                   # One pass over the request pool at most: scoring a test's cycled
+                   # repeats of the same requests tells the fit nothing new.
+                   cap=max(1, min(cls.cap, len(plan.requests))))
+
+    def hooks(self, *, say: Callable[[str], None] | None = None,
+              warn: Callable[[str], None] | None = None) -> dict[str, Callable[..., Any]]:
+        """``run_study``'s keyword arguments that put this twin in the study
+        (``predict`` and ``on_searched``): every trial not already predicted is
+        predicted, and after each searched trial the twin refits, records what it
+        learned on the trial (``twin``) and queues its best config not yet measured.
+        ``say`` gets what it learned and picked, ``warn`` why it could not."""
+        return {"predict": self.predict,
+                "on_searched": _learner(self, say or _quiet, warn or _quiet)}
+
     @property
     def source(self) -> str:
         if self.fit is None:
@@ -227,6 +249,45 @@ class StudyTwin:
                 "fit": self.fit.to_dict()}
         atomic_write(self.out_dir / HISTORY_FILE,
                      json.dumps(json_safe(data), indent=2, allow_nan=False) + "\n")
+
+
+def _quiet(_text: str) -> None:
+    return None
+
+
+def _learner(twin: StudyTwin, say: Callable[[str], None], warn: Callable[[str], None]
+             ) -> Callable[[Any, Any, Any], None]:
+    """After each searched trial: refit the twin, say how well it predicted the trial,
+    and queue its best config not yet measured."""
+    from autotune.record import stored_trials
+
+    def learn(trial: Any, probe: Any, ceiling: Any) -> None:
+        try:
+            step = twin.observe(trial.number, probe, ceiling, trial.user_attrs.get("predicted"))
+        except (AutotuneError, ValueError) as exc:
+            # The twin is advice: a config the simulator cannot model (or a fit that
+            # fails) costs this trial's lesson, never the study.
+            warn(f"twin: trial {trial.number} not learned: {exc}")
+            return
+        if step is None:
+            return
+        trial.set_user_attr("twin", step.to_dict())
+        say(step.sentence())
+        study = trial.study
+        measured = [t.params for t in stored_trials(study, finished=False)]
+        try:
+            picks = twin.picks(measured, seed=trial.number + 1)
+        except (AutotuneError, ValueError) as exc:
+            warn(f"twin: no pick after trial {trial.number}: {exc}")
+            return
+        for params, attrs in picks:
+            study.enqueue_trial(params, user_attrs=attrs)
+            p = attrs["predicted"]
+            say(f"twin: next, its best predicted config {params} (ceiling "
+                f"{p.get('ceiling_rate') or 0:.4g} req/s, goodput "
+                f"{p.get('goodput_tokens') or 0:,.0f} tok/s; simulated)")
+
+    return learn
 
 
 def _rms(tests: Sequence[ObservedTest], profile: HardwareProfile, model: ModelProfile

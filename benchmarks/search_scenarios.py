@@ -1,4 +1,5 @@
-"""Search methods on a scenario suite, all judged on one truth (issue 15, benchmarks 1-2).
+"""Search methods on a scenario suite, all judged on one truth (issue 15, benchmarks 1-2;
+the twin's search, issue 18).
 
 Every figure is **simulated** (autotune's engine simulator, virtual seconds).  For each
 scenario (hardware, model, workload, SLO and a small config space):
@@ -25,18 +26,32 @@ scenario (hardware, model, workload, SLO and a small config space):
     1000 requests (100 warm-up) per trial, overload pruner on, 60 trials;
   - ``prescreen``: ``--prescreen sim`` on a mis-specified profile (compute x0.8,
     bandwidth x1.15, step overhead x1.5), its top 3 configs enqueued into the autotune
-    study on the true profile (the pre-screen costs CPU, not server time).
+    study on the true profile (the pre-screen costs CPU, not server time);
+  - ``twin``: ``run_study`` as ``autotune search --twin`` runs it (the library's
+    ``StudyTwin.hooks``, as the CLI passes them) on the true profile, the twin starting
+    from the same mis-specified profile: after every trial it refits, its best config
+    (of 12 simulated trials) is measured next, and each trial starts at its predicted
+    ceiling.  To keep the benchmark affordable a twin run stops after 12 trials (not
+    30); a run not within 3% by then counts at its total.  The twin costs CPU, not
+    server time: its CPU seconds are reported beside the server time.
 
   A method *holds*, after each of its steps, the config it would recommend then; a run
   is judged by the truth goodput of that config (at the config's true ceiling) against
   the scenario's best.  The two grids are order-independent per config (the simulator
   is deterministic and, without an incumbent, each config's search starts the same
   way), so each is run once per config and the seeds shuffle its visiting order.
-* **safety**: every autotune and prescreen run's final cap (ceiling x 0.9) is run for
-  20,000 requests on the true profile and must pass the truth rule.
+* **safety**: every autotune, prescreen and twin run's final cap (ceiling x 0.9) is run
+  for 20,000 requests on the true profile and must pass the truth rule.
+* **merging**: ``--methods`` runs some methods only; ``--merge-with`` takes the other
+  methods' judged rows from an earlier run's JSON, refused unless it was judged on the
+  same truth at the same sizes with every seed of this run.  The page then says which
+  run each method's rows come from (each ran on the code of its own day).
 
     python benchmarks/search_scenarios.py --output benchmarks/results/search_scenarios.json
     python benchmarks/search_scenarios.py --smoke --output /tmp/search_scenarios.json
+    python benchmarks/search_scenarios.py --seeds 2 --methods twin \
+        --merge-with benchmarks/results/search_scenarios.json \
+        --output benchmarks/results/search_scenarios.json
 """
 
 from __future__ import annotations
@@ -52,7 +67,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +80,7 @@ import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
 from autotune.files import atomic_write, json_safe  # noqa: E402
-from autotune.sim.profiles import HardwareProfile, load_hardware  # noqa: E402
+from autotune.sim.profiles import HardwareProfile, load_hardware, load_model  # noqa: E402
 from autotune.slo import SLO, parse_slo  # noqa: E402
 from autotune.space import CLIENT_PARAMS, SearchSpace  # noqa: E402
 from autotune.study import (  # noqa: E402
@@ -75,6 +90,7 @@ from autotune.study import (  # noqa: E402
     rows_from_study,
     run_study,
 )
+from autotune.study_twin import StudyTwin  # noqa: E402
 from autotune.trial import LoadPlan, SimBackend, TrialFailed, evaluate, probe  # noqa: E402
 from autotune.verdict import SteadyState  # noqa: E402
 from autotune.workload import Request, sample_lengths  # noqa: E402
@@ -86,10 +102,18 @@ BUDGETS_S = (3600.0, 10800.0)
 MISSPEC = {"compute_efficiency": 0.8, "bandwidth_efficiency": 1.15, "step_overhead_ms": 1.5}
 # auto_tune.sh: `sleep 5` before each stepped test, `sleep 10` after each config.
 STEP_SLEEP_S, CONFIG_SLEEP_S = 5.0, 10.0
-STUDY_METHODS = ("autotune", "random_ceiling", "prescreen", "joint_tpe")
+STUDY_METHODS = ("autotune", "random_ceiling", "prescreen", "joint_tpe", "twin")
+GRID_METHODS = ("autotune_sh", "grid_ceiling")
 METHODS = ("autotune", "autotune_sh", "grid_ceiling", "random_ceiling", "joint_tpe",
-           "prescreen")
-TARGETS = {"autotune/autotune_sh": 0.25, "autotune/random_ceiling": 0.5}
+           "prescreen", "twin")
+# Methods whose final answer (config and cap) gets the long safety run.
+ANSWERING = ("autotune", "prescreen", "twin")
+# Every ratio of median server time to within 3% that the page reports (a / b).
+RATIOS = tuple([("autotune", b) for b in ("autotune_sh", "grid_ceiling", "random_ceiling",
+                                          "joint_tpe", "prescreen")]
+               + [("twin", b) for b in ("grid_ceiling", "autotune", "prescreen")])
+TARGETS = {"autotune/autotune_sh": 0.25, "autotune/random_ceiling": 0.5,
+           "twin/grid_ceiling": 0.15}
 TRUTH_FILE = "search_scenarios_truth.json"
 
 Key = tuple[tuple[str, Any], ...]
@@ -177,6 +201,11 @@ class Sizes:
     n_trials: int = 30  # `autotune search` on the simulator
     prescreen_trials: int = 40
     joint_trials: int = 60
+    # The twin run stops after this many trials (its CPU, not server time, is what keeps
+    # it shorter than the others' 30): a run that has not come within 3% by then counts
+    # at its total server time, as any other run that never does.
+    twin_trials: int = 12
+    twin_candidates: int = 12  # simulated trials behind each of the twin's picks
     pool: int = 1100  # requests sampled (100 warm-up + 1000 measured)
     warmup: int = 100
     min_requests: int = 1000  # --num-prompts: fewest measured requests a pass needs
@@ -192,7 +221,8 @@ class Sizes:
     smoke: bool = False
 
 
-SMOKE = Sizes(seeds=(0,), n_trials=3, prescreen_trials=2, joint_trials=4, pool=220,
+SMOKE = Sizes(seeds=(0,), n_trials=3, prescreen_trials=2, joint_trials=4, twin_trials=3,
+              twin_candidates=2, pool=220,
               warmup=20, min_requests=100, grid_inf_prompts=100, grid_step_prompts=20,
               truth_min_requests=300, truth_max_requests=600, truth_span_s=60.0,
               truth_tol=0.03, safety_requests=600, steady_min_s=20.0, smoke=True)
@@ -535,8 +565,19 @@ def _study(sc: Scenario, method: str, seed: int) -> dict[str, Any]:
                    "picks": [{"config": key_str(ckey(p, space)),
                               "predicted_ceiling": (a.get("predicted") or {}).get(
                                   "ceiling_rate")} for p, a in picks]}
+        twin: StudyTwin | None = None
+        hooks: dict[str, Any] = {}
+        clock = CpuClock()
+        if method == "twin":
+            settings = dataclasses.replace(settings, n_trials=w.sizes.twin_trials)
+            twin = StudyTwin.for_study(prior=misspecified(sc.hardware),
+                                       model=load_model(sc.model), settings=settings,
+                                       plan=plan, candidates=w.sizes.twin_candidates)
+            # The library's own hooks, as `autotune search --twin` passes them; timed,
+            # because the twin costs CPU and no server time.
+            hooks = {k: clock.timed(fn) for k, fn in twin.hooks().items()}
         backend = SimBackend(sc.hardware, sc.model, startup_s=RESTART_S)
-        run = run_study(settings, backend, plan, storage=storage, enqueue=picks)
+        run = run_study(settings, backend, plan, storage=storage, enqueue=picks, **hooks)
     events, total = held_events_study(run.study, space)
     per_config = {}
     for tr in run.study.get_trials(deepcopy=False):
@@ -549,7 +590,37 @@ def _study(sc: Scenario, method: str, seed: int) -> dict[str, Any]:
     return {"events": [[t, None if k is None else key_str(k), c] for t, k, c in events],
             "total_server_s": total, "backend_server_s": backend.server_s,
             "restarts": backend.restarts, "trials": len(events), "prescreen": pre,
+            "twin": None if twin is None else twin_summary(twin, clock.seconds),
             "per_config": per_config}
+
+
+class CpuClock:
+    """CPU seconds spent inside the callables it wraps (this process only)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed_fn(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.process_time() - t0
+
+        return timed_fn
+
+
+def twin_summary(twin: StudyTwin, cpu_s: float) -> dict[str, Any]:
+    """What a twin run reports besides its server time: the twin's CPU and what it
+    learned (the factors are relative to the mis-specified prior, so x1/0.8 = 1.25 on
+    compute would undo MISSPEC exactly)."""
+    last = twin.steps[-1] if twin.steps else None
+    return {"cpu_s": cpu_s, "refits": len(twin.steps), "picks": len(twin.queued),
+            "candidates": twin.candidates, "prior": twin.prior.name,
+            "factors": {} if last is None else {n: v for n, (v, _) in last.factors.items()},
+            "out_of_sample_rms_log_error": [s.before_error for s in twin.steps],
+            "prior_rms_log_error": [s.prior_error for s in twin.steps]}
 
 
 def _joint_tpe(sc: Scenario, seed: int) -> dict[str, Any]:
@@ -750,42 +821,56 @@ def phase_truth(w: World, cache: Path | None) -> dict[str, float]:
 
 def grid_runs(w: World, walks: Sequence[Mapping[str, Any]],
               grid_studies: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Both grids per seed: the per-config results in that seed's shuffled order."""
+    """Both grids per seed: the per-config results in that seed's shuffled order (a grid
+    not run this time has no runs)."""
     out = []
     for sc in w.scenarios:
         mine = sorted((x for x in walks if x["scenario"] == sc.name), key=lambda x: x["config"])
-        per_config = grid_studies[sc.name]["per_config"]
         for seed in w.sizes.seeds:
-            order = list(mine)
-            random.Random(seed).shuffle(order)
-            # auto_tune.sh: best by its own measured throughput at its chosen rate.
-            t, best, held, ev = RESTART_S, -math.inf, (None, None), []
-            for x in order:
-                t += x["server_s"]
-                if x["chosen_rate"] is not None and x["own_throughput"] > best:
-                    best, held = x["own_throughput"], (x["config"], x["chosen_rate"])
-                ev.append([t, *held])
-            out.append({"scenario": sc.name, "method": "autotune_sh", "seed": seed,
-                        "events": ev, "total_server_s": t})
-            keys = sorted(per_config)
-            random.Random(seed).shuffle(keys)
-            t, bestv, held, ev = 0.0, -math.inf, (None, None), []
-            for k in keys:
-                c = per_config[k]
-                t += c["server_s"]
-                if c["feasible"] and c["value"] is not None and c["value"] > bestv:
-                    bestv, held = c["value"], (k, c["rate_cap"])
-                ev.append([t, *held])
-            out.append({"scenario": sc.name, "method": "grid_ceiling", "seed": seed,
-                        "events": ev, "total_server_s": t})
+            if mine:
+                out.append(_sh_run(sc.name, seed, mine))
+            if sc.name in grid_studies:
+                out.append(_grid_ceiling_run(sc.name, seed,
+                                             grid_studies[sc.name]["per_config"]))
     return out
+
+
+def _sh_run(name: str, seed: int, walks: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    order = list(walks)
+    random.Random(seed).shuffle(order)
+    # auto_tune.sh: best by its own measured throughput at its chosen rate.
+    t, best, held, ev = RESTART_S, -math.inf, (None, None), []
+    for x in order:
+        t += x["server_s"]
+        if x["chosen_rate"] is not None and x["own_throughput"] > best:
+            best, held = x["own_throughput"], (x["config"], x["chosen_rate"])
+        ev.append([t, *held])
+    return {"scenario": name, "method": "autotune_sh", "seed": seed, "events": ev,
+            "total_server_s": t}
+
+
+def _grid_ceiling_run(name: str, seed: int, per_config: Mapping[str, Mapping[str, Any]]
+                      ) -> dict[str, Any]:
+    keys = sorted(per_config)
+    random.Random(seed).shuffle(keys)
+    t, bestv, held, ev = 0.0, -math.inf, (None, None), []
+    for k in keys:
+        c = per_config[k]
+        t += c["server_s"]
+        if c["feasible"] and c["value"] is not None and c["value"] > bestv:
+            bestv, held = c["value"], (k, c["rate_cap"])
+        ev.append([t, *held])
+    return {"scenario": name, "method": "grid_ceiling", "seed": seed, "events": ev,
+            "total_server_s": t}
 
 
 # ----------------------------------------------------------------------------- judging
 
 
 def judge(w: World, runs: Sequence[Mapping[str, Any]], safety_rows: Mapping[tuple[str, str,
-          float], Mapping[str, Any]]) -> dict[str, Any]:
+          float], Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per run: when it came within 3%, its shares at the budgets, its answer
+    and whether that answer was safe."""
     per_run = []
     for r in runs:
         truth = w.truth[r["scenario"]]
@@ -802,53 +887,68 @@ def judge(w: World, runs: Sequence[Mapping[str, Any]], safety_rows: Mapping[tupl
                   for b in BUDGETS_S},
                "final_config": final_key, "final_cap": final_cap,
                "final_share": (ev[-1][1] / best) if ev and best else 0.0}
-        if r["method"] in ("autotune", "prescreen") and final_key and final_cap:
+        if r["method"] in ANSWERING and final_key and final_cap:
             s = safety_rows.get((r["scenario"], final_key, round(float(final_cap), 6)))
             row["safe"] = None if s is None else s["passed"]
-        if r.get("prescreen"):
-            row["prescreen"] = r["prescreen"]
+        for extra in ("prescreen", "twin"):
+            if r.get(extra):
+                row[extra] = r[extra]
+        if "trials" in r:
+            row["trials"] = r["trials"]
         per_run.append(row)
-    methods: dict[str, Any] = {}
-    for m in METHODS:
-        rows = [x for x in per_run if x["method"] == m]
-        if not rows:
-            continue
-        methods[m] = {
-            "runs": len(rows), "reached": sum(x["reached"] for x in rows),
-            "server_s_to_within_median": censored_median(
-                [x["server_s_to_within"] for x in rows], [x["total_server_s"] for x in rows]),
-            **{f"share_at_{int(b / 3600)}h_median": quantile(
-                [x[f"share_at_{int(b / 3600)}h"] for x in rows], 0.5) for b in BUDGETS_S},
-            "total_server_s_median": quantile([x["total_server_s"] for x in rows], 0.5),
-            "per_scenario": {sc.name: censored_median(
-                [x["server_s_to_within"] for x in rows if x["scenario"] == sc.name],
-                [x["total_server_s"] for x in rows if x["scenario"] == sc.name])
-                for sc in w.scenarios}}
-        checked = [x["safe"] for x in rows if x.get("safe") is not None]
-        if m in ("autotune", "prescreen"):
-            methods[m]["safety"] = {"checked": len(checked),
-                                    "unsafe": sum(not s for s in checked),
-                                    "unchecked": sum(1 for x in rows if x.get("safe") is None)}
+    return per_run
+
+
+def summarise(scenarios: Sequence[str], per_run: Sequence[Mapping[str, Any]]
+              ) -> dict[str, Any]:
+    """Per method medians, the ratios between methods and the targets, from the per-run
+    rows alone (so rows of an earlier run can be summarised with this run's)."""
+    methods = {m: method_summary(scenarios, [x for x in per_run if x["method"] == m])
+               for m in METHODS if any(x["method"] == m for x in per_run)}
     med = {m: v["server_s_to_within_median"] for m, v in methods.items()}
-    ratios = {f"autotune/{b}": bounded_ratio(med["autotune"], med[b])
-              for b in ("autotune_sh", "grid_ceiling", "random_ceiling", "joint_tpe",
-                        "prescreen") if b in med}
-    a = methods["autotune"]
-    targets = {k: {"target": v, "ratio": ratios[k],
-                   "met": ratios[k]["high"] <= v} for k, v in TARGETS.items()}
-    targets["within_3pct_share"] = {"target": 0.95, "value": a["reached"] / a["runs"],
-                                    "met": a["reached"] / a["runs"] >= 0.95}
-    targets["unsafe_answers"] = {"target": 0, "value": a["safety"]["unsafe"],
-                                 "checked": a["safety"]["checked"],
-                                 "met": a["safety"]["unsafe"] == 0
-                                 and a["safety"]["unchecked"] == 0}
-    return {"per_run": per_run, "methods": methods, "ratios": ratios, "targets": targets}
+    ratios = {f"{a}/{b}": bounded_ratio(med[a], med[b]) for a, b in RATIOS
+              if a in med and b in med}
+    targets: dict[str, Any] = {k: {"target": v, "ratio": ratios[k],
+                                   "met": ratios[k]["high"] <= v}
+                               for k, v in TARGETS.items() if k in ratios}
+    if "autotune" in methods:
+        a = methods["autotune"]
+        targets["within_3pct_share"] = {"target": 0.95, "value": a["reached"] / a["runs"],
+                                        "met": a["reached"] / a["runs"] >= 0.95}
+        targets["unsafe_answers"] = {"target": 0, "value": a["safety"]["unsafe"],
+                                     "checked": a["safety"]["checked"],
+                                     "met": a["safety"]["unsafe"] == 0
+                                     and a["safety"]["unchecked"] == 0}
+    return {"methods": methods, "ratios": ratios, "targets": targets}
+
+
+def method_summary(scenarios: Sequence[str], rows: Sequence[Mapping[str, Any]]
+                   ) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "runs": len(rows), "reached": sum(x["reached"] for x in rows),
+        "server_s_to_within_median": censored_median(
+            [x["server_s_to_within"] for x in rows], [x["total_server_s"] for x in rows]),
+        **{f"share_at_{int(b / 3600)}h_median": quantile(
+            [x[f"share_at_{int(b / 3600)}h"] for x in rows], 0.5) for b in BUDGETS_S},
+        "total_server_s_median": quantile([x["total_server_s"] for x in rows], 0.5),
+        "per_scenario": {n: censored_median(
+            [x["server_s_to_within"] for x in rows if x["scenario"] == n],
+            [x["total_server_s"] for x in rows if x["scenario"] == n])
+            for n in scenarios if any(x["scenario"] == n for x in rows)}}
+    if rows and rows[0]["method"] in ANSWERING:
+        checked = [x["safe"] for x in rows if x.get("safe") is not None]
+        out["safety"] = {"checked": len(checked), "unsafe": sum(not s for s in checked),
+                         "unchecked": sum(1 for x in rows if x.get("safe") is None)}
+    return out
 
 
 # ----------------------------------------------------------------------------- run
 
 
-def run(sizes: Sizes, truth_cache: Path | None) -> dict[str, Any]:
+def run(sizes: Sizes, truth_cache: Path | None, methods: Sequence[str] = METHODS,
+        earlier: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Run ``methods`` on the suite; the other methods' rows come from ``earlier`` (an
+    earlier run's JSON, see :func:`merge_earlier`) when given."""
     global _W
     t0 = time.perf_counter()
     scenarios = [SMOKE_SCENARIO] if sizes.smoke else SCENARIOS
@@ -860,48 +960,147 @@ def run(sizes: Sizes, truth_cache: Path | None) -> dict[str, Any]:
             log(f"truth {sc.name}: best {t['best_goodput_tokens']:,.0f} tok/s "
                 f"({t['best_config']}), {len(t['configs'])} configs, {t['tests']} tests")
         t1 = time.perf_counter()
-        tasks: list[tuple[str, Any]] = [
-            ("walk", (sc.name, p)) for sc in scenarios for p in configs_of(sc, w.spaces[
-                sc.name])[0]]
-        tasks += [("method", (sc.name, "grid_ceiling", 0)) for sc in scenarios]
-        # Seed by seed, so a run stopped part-way has whole seeds in its task cache.
-        tasks += [("method", (sc.name, m, s)) for s in sizes.seeds for sc in scenarios
-                  for m in STUDY_METHODS]
-        walks, studies, grid_studies = [], [], {}
-        for i, r in enumerate(run_tasks(tasks, sizes.jobs)):
-            if "events" not in r:
-                walks.append(r)
-            elif r["method"] == "grid_ceiling":
-                grid_studies[r["scenario"]] = r
-            else:
-                studies.append(r)
-                log(f"{r['scenario']} {r['method']} seed {r['seed']}: {r['trials']} trials, "
-                    f"{r['total_server_s']:,.0f} server s, {r['cpu_s']:.0f} CPU s "
-                    f"({i + 1}/{len(tasks)}, {time.perf_counter() - t1:.0f} s)")
+        walks, studies, grid_studies = run_methods(w, methods, t1)
         runs = studies + grid_runs(w, walks, grid_studies)
         answers = sorted({(r["scenario"], r["events"][-1][1], round(float(r["events"][-1][2]),
                                                                      6))
-                          for r in studies if r["method"] in ("autotune", "prescreen")
+                          for r in studies if r["method"] in ANSWERING
                           and r["events"] and r["events"][-1][1] and r["events"][-1][2]})
         t2 = time.perf_counter()
         safety_rows = {(x["scenario"], x["config"], x["cap"]): x
                        for x in run_tasks([("safety", a) for a in answers], sizes.jobs)}
         log(f"safety: {len(answers)} distinct answers, {time.perf_counter() - t2:.0f} s")
-        judged = judge(w, runs, safety_rows)
-        return {
-            "how": how(sizes), "sizes": dataclasses.asdict(sizes),
+        per_run = judge(w, runs, safety_rows)
+        now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+        out: dict[str, Any] = {
+            "how": how(sizes), "sizes": dataclasses.asdict(sizes), "written": now,
             "scenarios": [dataclasses.asdict(sc) for sc in scenarios],
             "truth": {sc.name: {k: v for k, v in w.truth[sc.name].items()} for sc in scenarios},
             "truth_wall_s_this_run": truth_walls,
             "walks": walks, "grid_ceiling_per_config": {k: v["per_config"]
                                                         for k, v in grid_studies.items()},
-            "safety": list(safety_rows.values()), **judged,
+            "safety": list(safety_rows.values()), "per_run": per_run,
+            "rows_from": {m: f"this run ({now})" for m in methods},
             "methods_wall_s": time.perf_counter() - t1, "total_wall_s": time.perf_counter() - t0,
             # A resumed run counts from its first cached task (it ran in an earlier process).
             "wall_s_since_first_task": None if _FIRST_CACHED_AT is None
             or math.isinf(_FIRST_CACHED_AT) else time.time() - _FIRST_CACHED_AT}
+        if earlier is not None:
+            merge_earlier(out, earlier, w)
+        out.update(summarise([sc.name for sc in scenarios], out["per_run"]))
+        return out
     finally:
         _W = None
+
+
+def run_methods(w: World, methods: Sequence[str], t1: float
+                ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any]]:
+    """The grids' per-config tasks and every study of ``methods``: (walks, studies,
+    grid_ceiling's study per scenario)."""
+    scenarios, sizes = w.scenarios, w.sizes
+    tasks: list[tuple[str, Any]] = []
+    if "autotune_sh" in methods:
+        tasks += [("walk", (sc.name, p)) for sc in scenarios
+                  for p in configs_of(sc, w.spaces[sc.name])[0]]
+    if "grid_ceiling" in methods:
+        tasks += [("method", (sc.name, "grid_ceiling", 0)) for sc in scenarios]
+    # Seed by seed, so a run stopped part-way has whole seeds in its task cache.
+    tasks += [("method", (sc.name, m, s)) for s in sizes.seeds for sc in scenarios
+              for m in STUDY_METHODS if m in methods]
+    walks, studies, grid_studies = [], [], {}
+    for i, r in enumerate(run_tasks(tasks, sizes.jobs)):
+        if "events" not in r:
+            walks.append(r)
+        elif r["method"] == "grid_ceiling":
+            grid_studies[r["scenario"]] = r
+        else:
+            studies.append(r)
+            twin = f", twin {r['twin']['cpu_s']:.0f} CPU s of them" if r.get("twin") else ""
+            log(f"{r['scenario']} {r['method']} seed {r['seed']}: {r['trials']} trials, "
+                f"{r['total_server_s']:,.0f} server s, {r['cpu_s']:.0f} CPU s{twin} "
+                f"({i + 1}/{len(tasks)}, {time.perf_counter() - t1:.0f} s)")
+    return walks, studies, grid_studies
+
+
+def committed_label(path: Path) -> str:
+    """When the JSON at ``path`` was written, for a file older than the ``written`` field:
+    its last commit, if git has the file unchanged, else its modification time."""
+    import os
+    import subprocess
+
+    try:
+        changed = subprocess.run(["git", "status", "--porcelain", "--", str(path)],
+                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        last = subprocess.run(["git", "log", "-1", "--date=format-local:%Y-%m-%d %H:%M UTC",
+                               "--format=%cd, commit %h", "--", str(path)], cwd=ROOT,
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "TZ": "UTC"}).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        changed, last = "?", ""
+    if last and not changed.strip():
+        return f"committed {last}"
+    mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    return f"file modified {mtime}"
+
+
+class MergeError(ValueError):
+    """An earlier run's figures that cannot stand beside this run's."""
+
+
+def merge_earlier(out: dict[str, Any], earlier: Mapping[str, Any], w: World) -> None:
+    """Add to ``out`` the rows of every method it did not run from ``earlier`` (an
+    earlier run's JSON), for this run's scenarios and seeds.  Refused unless both runs
+    judged against the same truth (fingerprints and best goodput) at the same sizes, and
+    the earlier run has every seed of this one: the methods' rows are then comparable
+    (one truth), though each comes from the code of its own run."""
+    ran = set(out["rows_from"])
+    take = [m for m in METHODS if m not in ran]
+    check_mergeable(earlier, w)
+    names = {sc.name for sc in w.scenarios}
+    seeds = set(w.sizes.seeds)
+    rows = [r for r in earlier["per_run"] if r["method"] in take
+            and r["scenario"] in names and r["seed"] in seeds]
+    when = earlier.get("written") or "an earlier run"
+    labels = earlier.get("rows_from") or {}
+    for m in take:
+        got = {(r["scenario"], r["seed"]) for r in rows if r["method"] == m}
+        if got and got != {(n, s) for n in names for s in seeds}:
+            raise MergeError(f"the earlier run has {len(got)} of {len(names) * len(seeds)} "
+                             f"(scenario, seed) runs of {m}: rerun it instead")
+        if got:
+            out["rows_from"][m] = labels.get(m, f"an earlier run ({when})")
+    out["per_run"] += rows
+    if "autotune_sh" not in ran:
+        out["walks"] = list(earlier.get("walks") or [])
+    if "grid_ceiling" not in ran:
+        out["grid_ceiling_per_config"] = dict(earlier.get("grid_ceiling_per_config") or {})
+    old_safety = [x for x in earlier.get("safety") or [] if x["scenario"] in names]
+    seen = {(x["scenario"], x["config"], x["cap"]) for x in out["safety"]}
+    out["safety"] += [x for x in old_safety if (x["scenario"], x["config"], x["cap"]) not in seen]
+    out["merged"] = {"methods": [m for m in take if m in out["rows_from"]], "written": when,
+                     "total_wall_s": earlier.get("total_wall_s"),
+                     "wall_s_since_first_task": earlier.get("wall_s_since_first_task"),
+                     "command": earlier.get("command")}
+
+
+def check_mergeable(earlier: Mapping[str, Any], w: World) -> None:
+    """Raise :class:`MergeError` unless ``earlier`` was judged on this run's truth at
+    its sizes (the processes and seeds aside; new size fields it lacks aside)."""
+    mine = dataclasses.asdict(w.sizes)
+    theirs = earlier.get("sizes") or {}
+    differ = sorted(k for k in theirs if k in mine and k not in ("jobs", "seeds")
+                    and theirs[k] != mine[k])
+    if differ:
+        raise MergeError(f"the earlier run's sizes differ: {', '.join(differ)}")
+    missing = sorted(set(w.sizes.seeds) - set(theirs.get("seeds") or ()))
+    if missing:
+        raise MergeError(f"the earlier run lacks seeds {missing}")
+    for sc in w.scenarios:
+        old = (earlier.get("truth") or {}).get(sc.name) or {}
+        new = w.truth[sc.name]
+        if (old.get("fingerprint") != new["fingerprint"]
+                or old.get("best_goodput_tokens") != new["best_goodput_tokens"]):
+            raise MergeError(f"{sc.name}: the earlier run was judged on another truth")
 
 
 def how(z: Sizes) -> str:
@@ -925,12 +1124,7 @@ def how(z: Sizes) -> str:
 
 def markdown(d: dict[str, Any]) -> list[str]:
     """This benchmark's section of benchmarks/RESULTS.md."""
-    z = d["sizes"]
-    out = [d["how"], "", f"Seeds: {len(z['seeds'])} per scenario x {len(d['scenarios'])} "
-           f"scenarios; wall {d['total_wall_s'] / 60:.1f} min with {z['jobs']} processes"
-           + ("" if d.get("wall_s_since_first_task") is None else
-              f" ({d['wall_s_since_first_task'] / 60:.1f} min since its first task, resumed "
-              "from a task cache)") + ".", "",
+    out = [d["how"], "", *provenance(d), "",
            "| scenario | configs (rule-broken) | truth tests | best config | best goodput "
            "tok/s | its ceiling req/s | configs within 3% |", "|---|---|---|---|---|---|---|"]
     for sc in d["scenarios"]:
@@ -949,25 +1143,13 @@ def markdown(d: dict[str, Any]) -> list[str]:
                    f"{v['share_at_1h_median']:.3f} | {v['share_at_3h_median']:.3f} | "
                    f"{v['total_server_s_median']:,.0f} |")
     names = [sc["name"] for sc in d["scenarios"]]
+    none = {"low": None, "high": None}
     out += ["", "Per scenario, median server s to within 3%:", "",
             "| method | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for m, v in d["methods"].items():
-        out.append(f"| {m} | " + " | ".join(fmt_bound(v["per_scenario"][n]) for n in names)
-                   + " |")
-    t = d["targets"]
-    out += [""]
-    for k in TARGETS:
-        out.append(f"**Headline (same run): {k} = {fmt_bound(t[k]['ratio'], '.2f')} of the "
-                   f"server time to within 3% (median over {len(d['scenarios'])} scenarios x "
-                   f"{len(z['seeds'])} seeds; target <= "
-                   f"{t[k]['target']}: {'met' if t[k]['met'] else 'NOT met'})**")
-    w3 = t["within_3pct_share"]
-    us = t["unsafe_answers"]
-    out.append(f"**Headline (same run): autotune came within 3% in {w3['value']:.0%} of "
-               f"{d['methods']['autotune']['runs']} runs "
-               f"(target >= 95%: {'met' if w3['met'] else 'NOT met'}); {us['value']} unsafe "
-               f"answers of {us['checked']} checked in {z['safety_requests']:,}-request runs "
-               f"(target 0: {'met' if us['met'] else 'NOT met'})**")
+        out.append(f"| {m} | " + " | ".join(fmt_bound(v["per_scenario"].get(n, none))
+                                           for n in names) + " |")
+    out += ["", *twin_lines(d), *headlines(d)]
     out += ["", "Every ratio (bounds where runs never reached): " + "; ".join(
         f"{k} {fmt_bound(r, '.2f')}" for k, r in d["ratios"].items())]
     pre = [r["prescreen"] for r in d["per_run"] if r.get("prescreen")]
@@ -976,6 +1158,106 @@ def markdown(d: dict[str, Any]) -> list[str]:
         out.append(f"Pre-screen: {len(pre)} runs, median {cpu:.0f}"
                    f" CPU s each (mis-specified profile {MISSPEC}).")
     return out
+
+
+def provenance(d: Mapping[str, Any]) -> list[str]:
+    """Which run each method's rows come from, and how long the runs took."""
+    z = d["sizes"]
+    wall = (f"wall {d['total_wall_s'] / 60:.1f} min with {z['jobs']} processes"
+            + ("" if d.get("wall_s_since_first_task") is None else
+               f" ({d['wall_s_since_first_task'] / 60:.1f} min since its first task, resumed "
+               "from a task cache)"))
+    head = f"Seeds: {len(z['seeds'])} per scenario x {len(d['scenarios'])} scenarios"
+    merged = d.get("merged")
+    if not merged:
+        return [f"{head}; {wall}."]
+    ran = [m for m, src in d["rows_from"].items() if src.startswith("this run")]
+    lines = [f"{head}. This run ({d.get('written', '?')}"
+             + (f", `{d['command']}`" if d.get("command") else "")
+             + f") ran only {', '.join(ran)}: {wall}. The rows of "
+             f"{', '.join(merged['methods'])} are an earlier run's, merged unchanged from "
+             f"its JSON ({merged['written']}; judged on the same truth at the same sizes, "
+             "but run by the code of that day)."]
+    if merged.get("total_wall_s") is not None:
+        lines[0] += f" That run took {merged['total_wall_s'] / 60:.1f} min" + (
+            "" if merged.get("wall_s_since_first_task") is None else
+            f" ({merged['wall_s_since_first_task'] / 60:.1f} min since its first task)") + "."
+    return lines
+
+
+def twin_lines(d: Mapping[str, Any]) -> list[str]:
+    """The twin's runs: trials, server time, its own CPU and what it learned."""
+    rows = [r for r in d["per_run"] if r.get("twin")]
+    if not rows:
+        return []
+    z = d["sizes"]
+    cpu = quantile([r["twin"]["cpu_s"] for r in rows], 0.5)
+    out = [f"Twin (`autotune search --twin` as the CLI wires it): its prior is the "
+           f"mis-specified profile {MISSPEC}; each run stops after {z['twin_trials']} "
+           "finished trials as --n-trials counts them (a failed trial does not count; a "
+           "run not within 3% by then counts at its total), each pick the best of "
+           f"{z['twin_candidates']} simulated trials. Each trial the twin learned from queues "
+           "its pick next, seeded by the trial's number, so a run's seed matters only where "
+           "no pick was queued (no new config to pick, or a trial not searched) and the "
+           "sampler chose. The twin costs "
+           f"CPU, not server time: median {cpu:.0f} CPU s per run (refits, picks and "
+           "predictions; the 'real' server's simulation not included). Undoing the "
+           "mis-specification exactly would take compute x1.25, bandwidth x0.87 and "
+           "overheads between x0.67 and x1 (it scaled the per-step overhead, not the "
+           "per-sequence one the same factor also moves).", "",
+           "| scenario | seed | trials | server s to within 3% | total server s | twin CPU s "
+           "| fitted factors (vs the prior) | safe |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda x: (x["scenario"], x["seed"])):
+        facs = ", ".join(f"{n} x{v:.2f}" for n, v in r["twin"]["factors"].items()) or "-"
+        hit = "never" if r["server_s_to_within"] is None else f"{r['server_s_to_within']:,.0f}"
+        out.append(f"| {r['scenario']} | {r['seed']} | {r.get('trials', '-')} | {hit} | "
+                   f"{r['total_server_s']:,.0f} | {r['twin']['cpu_s']:.0f} | {facs} | "
+                   f"{r.get('safe', '-')} |")
+    return [*out, ""]
+
+
+def headlines(d: Mapping[str, Any]) -> list[str]:
+    """The headline lines: '(same run)' only where every figure of a line comes from one
+    run (the README quotes those alone), with that run named when it is not this one."""
+    z = d["sizes"]
+    t = d["targets"]
+    runs = f"median over {len(d['scenarios'])} scenarios x {len(z['seeds'])} seeds"
+    out = []
+    for k in TARGETS:
+        if k not in t:
+            continue
+        head, tail = run_labels(d, k)
+        out.append(f"**Headline ({head}): {k} = {fmt_bound(t[k]['ratio'], '.2f')} of the "
+                   f"server time to within 3% ({runs}; target <= {t[k]['target']}: "
+                   f"{'met' if t[k]['met'] else 'NOT met'}{tail})**")
+    if "twin/autotune" in d["ratios"]:
+        head, tail = run_labels(d, "twin/autotune")
+        out.append(f"**Headline ({head}): twin/autotune = "
+                   f"{fmt_bound(d['ratios']['twin/autotune'], '.2f')} of the server time to "
+                   f"within 3%, with the twin and without it ({runs}; no target{tail})**")
+    if "within_3pct_share" in t:
+        w3 = t["within_3pct_share"]
+        us = t["unsafe_answers"]
+        head, tail = run_labels(d, "autotune")
+        out.append(f"**Headline ({head}): autotune came within 3% in "
+                   f"{w3['value']:.0%} of {d['methods']['autotune']['runs']} runs "
+                   f"(target >= 95%: {'met' if w3['met'] else 'NOT met'}); {us['value']} "
+                   f"unsafe answers of {us['checked']} checked in {z['safety_requests']:,}-"
+                   f"request runs (target 0: {'met' if us['met'] else 'NOT met'}{tail})**")
+    return out
+
+
+def run_labels(d: Mapping[str, Any], ratio: str) -> tuple[str, str]:
+    """(the headline's label, a note for its end) for the methods of ``ratio`` ('a/b' or
+    'a'): 'same run' when all their rows come from one run (noted when an earlier one),
+    else which run each came from."""
+    src = d.get("rows_from") or {}
+    parts = ratio.split("/")
+    found = {src.get(m) for m in parts}
+    if len(found) > 1:
+        return "; ".join(f"{m}: {src.get(m, '?')}" for m in parts), ""
+    one = found.pop()
+    return "same run", "" if one is None or one.startswith("this run") else f"; rows of {one}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -987,10 +1269,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only-scenarios", default="", help="comma-separated scenario names")
     ap.add_argument("--task-cache", type=Path, default=None,
                     help="JSONL of finished tasks, reused by a rerun (resume a stopped run)")
+    ap.add_argument("--methods", default=",".join(METHODS),
+                    help="comma-separated methods to run (default: all)")
+    ap.add_argument("--merge-with", type=Path, default=None,
+                    help="an earlier run's JSON: the rows of the methods not run now come "
+                         "from it (same truth and sizes required)")
     ap.add_argument("--truth-cache", type=Path, default=None,
                     help=f"truth JSON (default benchmarks/results/{TRUTH_FILE}; none with "
                          "--smoke)")
     args = ap.parse_args(argv)
+    methods = [m for m in args.methods.split(",") if m]
+    unknown = sorted(set(methods) - set(METHODS))
+    if unknown or not methods:
+        ap.error(f"--methods: unknown {unknown}; known: {', '.join(METHODS)}")
+    # Read before the run: --output may name the same file.
+    earlier = None
+    if args.merge_with:
+        earlier = json.loads(args.merge_with.read_text())
+        earlier.setdefault("written", committed_label(args.merge_with))
     sizes = SMOKE if args.smoke else Sizes()
     if args.seeds is not None:
         sizes = dataclasses.replace(sizes, seeds=tuple(range(args.seeds)))
@@ -1008,15 +1304,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.only_scenarios:
         keep = set(args.only_scenarios.split(","))
         SCENARIOS = [s for s in SCENARIOS if s.name in keep]
-    data = run(sizes, cache)
+    try:
+        data = run(sizes, cache, methods, earlier)
+    except MergeError as exc:
+        log(f"--merge-with {args.merge_with}: {exc}")
+        return 2
+    data["command"] = " ".join(["python", "benchmarks/search_scenarios.py",
+                                *(sys.argv[1:] if argv is None else argv)])
     text = json.dumps(json_safe(data), indent=1, allow_nan=False)
     if args.output is not None:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(args.output, text + "\n")
     else:
         print(text)
-    for line in markdown(data)[-6:]:
-        log(line)
+    for line in markdown(data):
+        if line.startswith(("**Headline", "Every ratio")):
+            log(line)
     return 0
 
 

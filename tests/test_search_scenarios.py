@@ -106,6 +106,13 @@ def test_smoke_run_has_every_method_and_finite_figures(tmp_path: Path) -> None:
                                     "within_3pct_share", "unsafe_answers"}
     lines = ss.markdown(data)
     assert any(line.startswith("**Headline (same run): autotune/autotune_sh") for line in lines)
+    assert any(line.startswith("**Headline (same run): twin/grid_ceiling") for line in lines)
+    # The twin stops at its own trial count and reports its CPU beside its server time.
+    twin = next(r for r in data["per_run"] if r["method"] == "twin")
+    assert 1 <= twin["trials"] <= ss.SMOKE.twin_trials
+    assert twin["twin"]["cpu_s"] > 0 and twin["twin"]["refits"] >= 1
+    assert twin.get("safe") is not None
+    assert data["rows_from"] == {m: f"this run ({data['written']})" for m in ss.METHODS}
 
 
 @pytest.mark.parametrize("name", [s.name for s in ss.SCENARIOS])
@@ -114,3 +121,107 @@ def test_truth_fingerprint_changes_with_the_scenario(name: str) -> None:
     other = ss.dataclasses.replace(sc, slo="1s")
     assert ss.fingerprint(sc, ss.Sizes()) != ss.fingerprint(other, ss.Sizes())
     assert ss.fingerprint(sc, ss.Sizes()) == ss.fingerprint(sc, ss.Sizes())
+
+
+def _row(method: str, scenario: str, seed: int, hit: float | None, total: float
+         ) -> dict[str, object]:
+    return {"method": method, "scenario": scenario, "seed": seed, "reached": hit is not None,
+            "server_s_to_within": hit, "total_server_s": total, "share_at_1h": 0.5,
+            "share_at_3h": 1.0, "safe": True}
+
+
+def test_summarise_reads_rows_alone_and_ratios_twin_against_the_grid() -> None:
+    rows = [_row("grid_ceiling", "a", 0, 1000.0, 5000.0), _row("grid_ceiling", "b", 0, 3000.0,
+                                                               5000.0),
+            _row("twin", "a", 0, 100.0, 900.0), _row("twin", "b", 0, None, 800.0),
+            _row("autotune", "a", 0, 400.0, 900.0), _row("autotune", "b", 0, 600.0, 900.0)]
+    got = ss.summarise(["a", "b"], rows)
+    assert list(got["methods"]) == ["autotune", "grid_ceiling", "twin"]
+    # The twin's median is censored: (100 + 800) / 2 at least, (100 + inf) / 2 at most.
+    assert got["methods"]["twin"]["server_s_to_within_median"] == {"low": 450.0,
+                                                                  "high": math.inf}
+    assert got["ratios"]["twin/grid_ceiling"] == {"low": 450.0 / 2000.0, "high": math.inf}
+    assert got["targets"]["twin/grid_ceiling"]["met"] is False
+    assert "autotune/autotune_sh" not in got["ratios"]  # a method without rows: no ratio
+    assert got["methods"]["twin"]["safety"] == {"checked": 2, "unsafe": 0, "unchecked": 0}
+
+
+def _world(seeds: tuple[int, ...] = (0,)) -> ss.World:
+    sc = ss.SMOKE_SCENARIO
+    w = ss.World(ss.dataclasses.replace(ss.SMOKE, seeds=seeds), [sc], {}, {}, {})
+    w.truth[sc.name] = {"fingerprint": ss.fingerprint(sc, w.sizes),
+                        "best_goodput_tokens": 1000.0}
+    return w
+
+
+def _earlier(w: ss.World) -> dict[str, object]:
+    name = ss.SMOKE_SCENARIO.name
+    sizes = {k: v for k, v in ss.dataclasses.asdict(w.sizes).items()
+             if k not in ("twin_trials", "twin_candidates")}  # an older run lacks them
+    return {"sizes": {**sizes, "seeds": [0, 1], "jobs": 2}, "truth": dict(w.truth),
+            "written": "2026-12-03 15:51 UTC", "total_wall_s": 60.0,
+            "per_run": [_row(m, name, s, 10.0, 20.0) for m in ("autotune", "grid_ceiling",
+                                                               "twin") for s in (0, 1)],
+            "walks": [{"scenario": name}], "grid_ceiling_per_config": {name: {}},
+            "safety": [{"scenario": name, "config": "c", "cap": 1.0, "passed": True}]}
+
+
+def test_merge_takes_the_methods_not_run_from_an_earlier_run() -> None:
+    w = _world()
+    name = ss.SMOKE_SCENARIO.name
+    out: dict[str, object] = {"per_run": [_row("twin", name, 0, 5.0, 9.0)], "walks": [],
+                              "grid_ceiling_per_config": {}, "safety": [],
+                              "rows_from": {"twin": "this run (now)"}}
+    ss.merge_earlier(out, _earlier(w), w)
+    # The earlier twin row is dropped (this run's replaces it), and so is seed 1.
+    assert sorted((r["method"], r["seed"]) for r in out["per_run"]) == [
+        ("autotune", 0), ("grid_ceiling", 0), ("twin", 0)]
+    assert out["rows_from"]["autotune"] == "an earlier run (2026-12-03 15:51 UTC)"
+    assert out["merged"]["methods"] == ["autotune", "grid_ceiling"]
+    assert out["walks"] and out["safety"]
+    lines = ss.headlines({**out, **ss.summarise([name], out["per_run"]),
+                          "sizes": ss.dataclasses.asdict(w.sizes),
+                          "scenarios": [{"name": name}]})
+    twin_line = next(x for x in lines if "twin/grid_ceiling" in x)
+    assert twin_line.startswith(
+        "**Headline (twin: this run (now); grid_ceiling: an earlier run (2026-12-03")
+    # One earlier run's figures stay a same-run headline (the README quotes those), named.
+    own = next(x for x in lines if "autotune came within 3%" in x)
+    assert own.startswith("**Headline (same run): ")
+    assert own.endswith("; rows of an earlier run (2026-12-03 15:51 UTC))**")
+
+
+@pytest.mark.parametrize("spoil", ["sizes", "seeds", "truth"])
+def test_merge_refuses_an_earlier_run_on_another_footing(spoil: str) -> None:
+    w = _world(seeds=(0,) if spoil != "seeds" else (0, 2))
+    earlier = _earlier(w)
+    if spoil == "sizes":
+        earlier["sizes"]["n_trials"] = 99  # type: ignore[index]
+    if spoil == "truth":
+        earlier["truth"] = {ss.SMOKE_SCENARIO.name: {"fingerprint": "x",
+                                                     "best_goodput_tokens": 1000.0}}
+    out = {"per_run": [], "walks": [], "grid_ceiling_per_config": {}, "safety": [],
+           "rows_from": {"twin": "this run"}}
+    with pytest.raises(ss.MergeError):
+        ss.merge_earlier(out, earlier, w)
+
+
+def test_cpu_clock_counts_only_the_wrapped_calls() -> None:
+    clock = ss.CpuClock()
+    spin = clock.timed(lambda n: sum(i * i for i in range(n)))
+    assert spin(200_000) > 0
+    assert clock.seconds > 0
+    before = clock.seconds
+    sum(i * i for i in range(200_000))  # not wrapped: not counted
+    assert clock.seconds == before
+
+
+def test_grid_runs_without_the_walks_give_grid_ceiling_alone() -> None:
+    w = _world(seeds=(0, 1))
+    name = ss.SMOKE_SCENARIO.name
+    per_config = {"a": {"server_s": 100.0, "feasible": True, "value": 5.0, "rate_cap": 2.0},
+                  "b": {"server_s": 50.0, "feasible": True, "value": 9.0, "rate_cap": 3.0}}
+    runs = ss.grid_runs(w, [], {name: {"per_config": per_config}})
+    assert [(r["method"], r["seed"]) for r in runs] == [("grid_ceiling", 0), ("grid_ceiling", 1)]
+    for r in runs:
+        assert r["total_server_s"] == 150.0 and r["events"][-1][1:] == ["b", 3.0]

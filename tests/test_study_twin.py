@@ -91,3 +91,21 @@ def test_the_twin_learns_the_hidden_server_and_guides_the_study(tmp_path: Path) 
     assert all("twin fitted to" in by[n] for n in by if n > 0)
     assert "Predicted (simulated) vs measured, trial by trial" in (
         folder / "recommendation.md").read_text()
+
+
+def test_for_study_scores_one_pass_over_the_pool_and_hooks_into_run_study(
+        tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from autotune.sim.profiles import load_model
+    from autotune.study_twin import StudyTwin
+
+    twin = StudyTwin.for_study(prior=load_hardware("a100-80gb"),
+                               model=load_model("llama-3-8b"),
+                               settings=SimpleNamespace(out_dir=tmp_path),
+                               plan=SimpleNamespace(requests=[None] * 40), candidates=0)
+    assert twin.cap == 40 and twin.out_dir == tmp_path and twin.candidates == 0
+    # run_study's own keyword names, so `autotune search --twin` and the scenario
+    # benchmark pass the same hooks.
+    assert set(twin.hooks()) == {"predict", "on_searched"}
+    assert twin.hooks()["predict"] == twin.predict

@@ -40,7 +40,15 @@ from autotune.trial import LoadPlan, SimBackend, write_records
 from autotune.verdict import SteadyState
 from autotune.workload import Request, sample_lengths
 
-PRIOR = load_hardware("cpu-tiny")
+# The shipped cpu-tiny profile is re-fitted on whatever host runs the fidelity benchmark,
+# and on a fast host some factors (the front end, compute) hardly show at these loads.
+# The recovery is a property of the fit, so its prior is pinned: cpu-tiny as fitted on
+# the 2026-12-03 host, where every factor here is visible.
+PRIOR = replace(load_hardware("cpu-tiny"), peak_tflops=0.20653, compute_efficiency=0.679885,
+                peak_bandwidth_gbs=90.6094, bandwidth_efficiency=1.0,
+                step_overhead_ms=3.55694, per_seq_overhead_us=177.492,
+                frontend_request_ms=7.72, frontend_token_us=182.0,
+                frontend_engine_share=0.2)
 MODEL = load_model("tiny")
 HIDDEN = {"compute": 0.7, "bandwidth": 1.2, "overheads": 2.0, "front_end": 1.5}
 FIGURES = ("output_throughput", "mean_ttft_s", "mean_tpot_s", "p50_e2e_s")

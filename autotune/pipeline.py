@@ -574,6 +574,10 @@ def run_search(o: SearchOptions) -> int:
     if run.stale_failed:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
+    if run.taken_over:
+        rec.notes.append(f"trials {run.taken_over} were failed by another process while they "
+                         "ran here (no heartbeat within its grace period: a stalled host or "
+                         "a database outage); their configs were queued again")
     pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
     rec.notes.append(
         f"this run: {run.new_trials} new trials"

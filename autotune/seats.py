@@ -3,12 +3,18 @@
 ``--n-trials`` is study-wide.  When a search and workers run trials on one study, each
 process asks before a trial whether the study still has a seat for it, so that the study
 ends with exactly n_trials finished trials, not n_trials per process.
+
+:func:`run_seated_trial` is the one way a process (search or worker) runs a trial of a
+shared study: it claims a seat first, and it survives its trial being finished by another
+process meanwhile.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -97,3 +103,72 @@ def requeue_number(study: optuna.Study, number: int | None, *, only_failed: bool
             if t.state == TrialState.FAIL or not only_failed:
                 requeue(study, t)
             return
+
+
+# ----------------------------------------------------------------------------- one trial
+
+Outcome = Literal["ran", "surplus", "finished elsewhere"]
+
+
+@dataclass(frozen=True)
+class SeatedTrial:
+    """What :func:`run_seated_trial` did: the trial's number (None when Optuna stopped
+    before asking for one) and how it ended for this process."""
+
+    number: int | None
+    outcome: Outcome
+
+
+def run_seated_trial(study: optuna.Study, objective: Callable[[optuna.Trial], float],
+                     n_trials: int | None, *, timeout: float | None = None,
+                     callbacks: Sequence[Callable[[optuna.Study, FrozenTrial], None]] = ()
+                     ) -> SeatedTrial:
+    """Run one trial of ``study`` with ``objective`` after claiming its seat.
+
+    "surplus": every seat was taken; the trial's config is queued again.
+    "finished elsewhere": another process failed the trial while it ran (its heartbeat
+    was older than that process's grace period: a stalled host or a database outage),
+    and Optuna's stale-trial callback queued its retry.  The owner's own ``tell`` then
+    fails inside ``study.optimize``, and Optuna 5.1 says so with whatever its code path
+    hits (``AssertionError("Should not reach.")`` when the objective returned,
+    ``ValueError("Cannot tell a FAIL trial.")`` when it raised): the trial's state in the
+    storage, and an objective that raised nothing else, tell that case from a bug.
+    Anything else the objective raised (Ctrl-C included) is raised."""
+    seen: dict[str, Any] = {}
+
+    def seated(trial: optuna.Trial) -> float:
+        seen["number"] = trial.number
+        try:
+            claim_seat(study, trial, n_trials)
+            return objective(trial)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            if not _failed(study, trial.number):
+                raise
+            # Returned, not raised: Optuna would log the error with its traceback as
+            # this trial's failure, and the trial is not this process's to report.
+            return math.nan
+        except BaseException as exc:
+            seen["raised"] = exc
+            raise
+
+    try:
+        study.optimize(seated, n_trials=1, timeout=timeout, callbacks=list(callbacks),
+                       catch=(), gc_after_trial=False)
+    except Surplus:
+        requeue_number(study, seen.get("number"))
+        return SeatedTrial(seen.get("number"), "surplus")
+    except Exception as exc:
+        raised, number = seen.get("raised"), seen.get("number")
+        if raised is exc:
+            raise
+        if raised is not None:
+            raise raised from None  # e.g. Ctrl-C while the trial was taken over
+        if number is None or not _failed(study, number):
+            raise
+        return SeatedTrial(number, "finished elsewhere")
+    return SeatedTrial(seen.get("number"), "ran")
+
+
+def _failed(study: optuna.Study, number: int) -> bool:
+    return any(t.number == number and t.state == TrialState.FAIL
+               for t in study.get_trials(deepcopy=False))

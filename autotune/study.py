@@ -39,7 +39,7 @@ from autotune.optuna_adapter import (
 )
 from autotune.pruning import PrunerSettings
 from autotune.record import StoredTrial, stored_trials
-from autotune.seats import Surplus, claim_seat, requeue_number, should_wait
+from autotune.seats import run_seated_trial, should_wait
 from autotune.slo import MAX_MARGIN, SLO
 from autotune.space import CLIENT_PARAMS, SearchSpace, Violation
 from autotune.trial import (
@@ -652,6 +652,9 @@ class StudyRun:
     load_test_s: float
     saved_s: float
     ran_here: int = 0  # of new_trials, those this process ran (workers ran the others)
+    # Trials this process ran that another failed meanwhile (a heartbeat gap longer than
+    # its grace period); Optuna queued their retries.
+    taken_over: list[int] = field(default_factory=list)
 
 
 def run_study(
@@ -712,9 +715,11 @@ def run_study(
             study.stop()
 
     t0 = time.monotonic()
+    taken_over: list[int] = []
     if remaining != 0:
         stopped["by"] = _run_seated(study, objective, settings, callbacks=[budget_cb],
-                                    budget_spent=lambda: stopped["by"] == "budget")
+                                    budget_spent=lambda: stopped["by"] == "budget",
+                                    taken_over=taken_over)
     else:
         stopped["by"] = "nothing to do"
     new = len(study.get_trials(deepcopy=False, states=done_states)) - finished
@@ -725,30 +730,25 @@ def run_study(
             and stopped["by"] == "n_trials"):
         stopped["by"] = "grid exhausted"
     return StudyRun(study=study, rows=rows_from_study(study), new_trials=new, ran_here=mine,
-                    stale_failed=stale, stopped_by=stopped["by"], wall_s=time.monotonic() - t0,
+                    stale_failed=stale, taken_over=taken_over, stopped_by=stopped["by"],
+                    wall_s=time.monotonic() - t0,
                     server_s=backend.server_s - server0, load_test_s=objective.load_test_s,
                     saved_s=objective.saved_s)
 
 
 def _run_seated(study: optuna.Study, objective: Objective, settings: StudySettings, *,
                 callbacks: list[Callable[[optuna.Study, FrozenTrial], None]],
-                budget_spent: Callable[[], bool], poll_s: float = 0.5) -> str:
+                budget_spent: Callable[[], bool], taken_over: list[int],
+                poll_s: float = 0.5) -> str:
     """Run trials one at a time until the study (all its processes together) holds
     n_trials finished ones, the timeout passes or the budget is spent; why it stopped.
 
     Workers may run trials on the same study: a trial claims a seat first (a surplus one
     gives its config back to the queue), and while the last seats are taken elsewhere
-    this waits for them rather than ending the study early."""
+    this waits for them rather than ending the study early.  ``taken_over`` collects the
+    trials that another process failed while they ran here (see run_seated_trial)."""
     t0 = time.monotonic()
     n_trials = settings.n_trials
-
-    current: dict[str, int] = {}
-
-    def seated(trial: optuna.Trial) -> float:
-        current["number"] = trial.number
-        claim_seat(study, trial, n_trials)
-        return objective(trial)
-
     while True:
         left = None if settings.timeout_s is None else settings.timeout_s - (
             time.monotonic() - t0)
@@ -763,12 +763,11 @@ def _run_seated(study: optuna.Study, objective: Objective, settings: StudySettin
         if wait:
             time.sleep(poll_s)  # other processes hold the last seats; they may die
             continue
-        current.clear()
-        try:
-            study.optimize(seated, n_trials=1, timeout=left, callbacks=callbacks, catch=(),
-                           gc_after_trial=False)
-        except Surplus:
-            requeue_number(study, current.get("number"))
+        seated = run_seated_trial(study, objective, n_trials, timeout=left,
+                                  callbacks=callbacks)
+        if seated.outcome == "finished elsewhere" and seated.number is not None:
+            taken_over.append(seated.number)
+        if seated.outcome == "surplus":
             continue
         if budget_spent():
             return "budget"

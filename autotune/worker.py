@@ -47,11 +47,10 @@ from autotune.optuna_adapter import (
     trial_now,
 )
 from autotune.seats import (
-    Surplus,
-    claim_seat,
     finished_count,
     requeue,
     requeue_number,
+    run_seated_trial,
     should_wait,
 )
 from autotune.slo import parse_slo
@@ -499,7 +498,6 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
     def run_one(trial: optuna.Trial) -> float:
         current["number"] = trial.number
         trial.set_user_attr("worker", wid)
-        claim_seat(study, trial, n_trials)
         try:
             return objective(trial)
         except KeyboardInterrupt:
@@ -520,18 +518,14 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
                 if wait:
                     time.sleep(opts.poll_s)  # others hold the last seats; they may die
                     continue
-                current.clear()
-                try:
-                    study.optimize(run_one, n_trials=1, catch=(), gc_after_trial=False)
-                except Surplus:
-                    requeue_number(study, current.pop("number", None))
-                    continue
-                except optuna.exceptions.UpdateFinishedTrialError:
-                    say(f"trial {current.get('number')}: failed by another worker after a "
-                        "heartbeat gap (database outage?); its retry runs elsewhere")
-                    continue
-                if "number" in current:
-                    ran.append(current.pop("number"))
+                seated = run_seated_trial(study, run_one, n_trials)
+                current.clear()  # a stop from here on interrupts no trial
+                if seated.outcome == "finished elsewhere":
+                    say(f"trial {seated.number}: failed by another process while it ran here "
+                        "(no heartbeat within its grace period: a stalled host or a "
+                        "database outage); its config is queued again")
+                elif seated.outcome == "ran" and seated.number is not None:
+                    ran.append(seated.number)
         except KeyboardInterrupt:
             stop.handled = True
             code = stop.exit_code

@@ -211,9 +211,13 @@ def _search_and_workers(tmp: Path, url: str, name: str) -> None:
               "--studies-dir", str(tmp / "studies")]
     search = ["search", "--study-name", name, "--slo", "p90:e2e<=1s", "--validate", "off",
               "--refine-top", "0", *common]
+    # Heartbeats every second, but a grace period that a loaded CI host cannot reach by
+    # starving a process for a while: nobody dies here, and a trial failed as stale would
+    # rightly be retried, i.e. its config started twice.  The stale path has its own test
+    # (test_workers: a worker stalled past the grace period).
     worker = ["worker", "--study", name, "--slo", "p90:e2e<=1s", "--dataset", "synthetic",
               "--input-len", "16",
-              "--output-len", "8", "--heartbeat-interval", "1", "--grace-period", "5",
+              "--output-len", "8", "--heartbeat-interval", "1", "--grace-period", "60",
               "--poll-s", "0.2", *common]
     procs = [_cli(tmp, "search", search)]
     procs += [_cli(tmp, f"worker{i}", worker) for i in range(N)]
@@ -225,7 +229,10 @@ def _search_and_workers(tmp: Path, url: str, name: str) -> None:
                 p.kill()
                 p.wait()
     logs = {log.stem: log.read_text(errors="replace") for _, log in procs}
-    assert codes == [0] * (N + 1), logs
+    # pytest cuts a long message in the middle: the failed processes' tails say why
+    failed = "\n".join(f"--- {stem} exited {code}:\n" + "\n".join(logs[stem].splitlines()[-25:])
+                       for stem, code in zip(logs, codes, strict=True) if code)
+    assert codes == [0] * (N + 1), failed
     for text in logs.values():
         assert "Traceback" not in text and "error:" not in text, text
     storage = open_storage(url, heartbeat_interval=None, grace_period=None)

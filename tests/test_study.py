@@ -484,3 +484,30 @@ def test_a_config_running_in_another_live_process_is_awaited_not_started_again()
         if other.poll() is None:
             other.kill()
             other.wait()
+
+
+def test_a_trial_failed_by_another_process_while_it_runs_does_not_end_the_study(
+        tmp_path: Path) -> None:
+    """Another process fails a trial of this search as stale (a heartbeat gap longer
+    than its grace period) and queues it again: the search says which trial it lost
+    and goes on to n_trials, the lost config run again."""
+    s = _settings(tmp_path, n_trials=3)
+    taken: list[int] = []
+
+    def take_over_first(number: int, probe: Any) -> None:
+        if taken:
+            return
+        there = optuna.load_study(study_name="t", storage=open_storage(s.storage))
+        frozen = there.trials[number]
+        there._storage.set_trial_state_values(frozen._trial_id, TrialState.FAIL)
+        there.enqueue_trial(frozen.params)
+        taken.append(number)
+
+    run = run_study(s, SimBackend("4xa100-80gb", "llama-3-8b"), _plan(60),
+                    on_probe=take_over_first)
+    assert run.taken_over == taken == [0]
+    trials = run.study.get_trials()
+    assert trials[0].state == TrialState.FAIL
+    counted = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(counted) == 3 and run.new_trials == 3
+    assert any(t.params == trials[0].params for t in counted)

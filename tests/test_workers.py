@@ -133,6 +133,16 @@ def owner(t: optuna.trial.FrozenTrial) -> str | None:
     return None if w is None else str(w).rsplit(":", 1)[-1]
 
 
+def running_trial_of(storage: str, name: str, pid: int) -> optuna.trial.FrozenTrial | None:
+    """The RUNNING trial of worker ``pid`` once it has suggested a value, if any."""
+    try:
+        running = load(storage, name).get_trials(states=(TrialState.RUNNING,))
+    except KeyError:
+        return None
+    mine = [t for t in running if owner(t) == str(pid) and t.params]
+    return mine[0] if mine else None
+
+
 def config_key(t: optuna.trial.FrozenTrial) -> str:
     return json.dumps(t.params, sort_keys=True)
 
@@ -292,13 +302,9 @@ def test_kill_9_fails_the_trial_after_the_grace_period_and_retries_it(
     survivor = Worker(tmp_path, "survivor", args)
     try:
         def victims_trial() -> optuna.trial.FrozenTrial | None:
-            try:
-                running = load(pg.url, name).get_trials(states=(TrialState.RUNNING,))
-            except KeyError:
-                return None
-            mine = [t for t in running if owner(t) == str(victim.pid) and t.params]
+            mine = running_trial_of(pg.url, name, victim.pid)
             # The victim's own server, not the survivor's (both serve the same model).
-            return mine[0] if mine and descendants(victim.pid) else None
+            return mine if mine and descendants(victim.pid) else None
 
         killed = wait_for(victims_trial, 60, "the victim's trial to run its server")
         server_pids = descendants(victim.pid)
@@ -349,19 +355,12 @@ def test_a_worker_stalled_past_the_grace_period_goes_on_and_its_trial_is_retried
     sleeper = Worker(tmp_path, "sleeper", args)
     other: Worker | None = None
     try:
-        def sleepers_trial() -> optuna.trial.FrozenTrial | None:
-            try:
-                running = load(pg.url, name).get_trials(states=(TrialState.RUNNING,))
-            except KeyError:
-                return None
-            mine = [t for t in running if owner(t) == str(sleeper.pid) and t.params]
-            return mine[0] if mine else None
-
         def stopped_in_a_trial() -> optuna.trial.FrozenTrial | None:
-            if sleepers_trial() is None:
+            if running_trial_of(pg.url, name, sleeper.pid) is None:
                 return None
             sleeper.proc.send_signal(signal.SIGSTOP)
-            held = sleepers_trial()  # asked again: a stopped process's trial stays put
+            # Asked again: a stopped process's trial stays put.
+            held = running_trial_of(pg.url, name, sleeper.pid)
             if held is None:  # it had just finished that trial
                 sleeper.proc.send_signal(signal.SIGCONT)
             return held
@@ -520,15 +519,8 @@ def test_journal_kill_9_on_this_host_is_retried_without_heartbeats(tmp_path: Pat
             *common_args(tmp_path, name, url, n_trials=n, pace=1.5)]
     victim, survivor = Worker(tmp_path, "v", args), Worker(tmp_path, "s", args)
     try:
-        def victims_trial() -> optuna.trial.FrozenTrial | None:
-            try:
-                running = load(url, name).get_trials(states=(TrialState.RUNNING,))
-            except KeyError:
-                return None
-            mine = [t for t in running if owner(t) == str(victim.pid) and t.params]
-            return mine[0] if mine else None
-
-        killed = wait_for(victims_trial, 60, "the victim's trial")
+        killed = wait_for(lambda: running_trial_of(url, name, victim.pid), 60,
+                          "the victim's trial")
         victim.proc.send_signal(signal.SIGKILL)
         victim.proc.wait()
         assert survivor.wait(60) == 0, survivor.text()

@@ -19,6 +19,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,9 @@ SAMPLERS = ("tpe", "gp", "random", "grid")
 OBJECTIVES = ("tokens", "requests")
 PRESCREEN_BY = "the simulator pre-screen"  # who predicted a trial's ceiling (``predicted``)
 RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
+# Trial system attr, set once every value of the trial is suggested; see _choosing.
+CONFIGURED_ATTR = "autotune:configured"
+CHOOSING_S = 60.0
 
 
 class StudyError(AutotuneError, ValueError):
@@ -346,6 +350,7 @@ class Objective:
         if grace is not None:
             set_trial_system_attr(trial, GRACE_ATTR, grace)
         params = self.space.suggest(trial)
+        set_trial_system_attr(trial, CONFIGURED_ATTR, True)  # see _await_running_twin
         if not self.backend.restartable:
             params = {k: v for k, v in params.items() if k in CLIENT_PARAMS}
         flags = self.s.space.server_flags(params)
@@ -564,14 +569,27 @@ def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, A
     """When another live process is running exactly these parameters (the processes of
     one study sample independently and may propose the same config at once), wait for
     its answer rather than spend a second server start on it.  None when there is no
-    such trial, or it failed (then this trial runs the config itself)."""
+    such trial, or it failed (then this trial runs the config itself).
+
+    Only a lower-numbered trial is waited for, so two trials never wait for each other.
+    A lower-numbered trial still suggesting its values (no CONFIGURED_ATTR yet) may turn
+    out to be this config: it is waited for until it says, as in Lamport's bakery with
+    the trial number as the ticket.  Comparing only finished suggestions let two workers
+    start vLLM's defaults at once (CI of 2026-12-05)."""
     while True:
-        running = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                   if t.number < number and dict(t.params) == dict(params)
-                   and _alive_elsewhere(study, t)]
-        if not running:
+        lower = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+                 if t.number < number and (_choosing(t) or dict(t.params) == dict(params))]
+        if not any(_alive_elsewhere(study, t) for t in lower):
             return _same_config(study, number, params)
         time.sleep(poll_s)
+
+
+def _choosing(t: FrozenTrial) -> bool:
+    """Still suggesting its values.  A trial of a process that never sets the marker (an
+    older autotune) counts so only for CHOOSING_S after its start, not for its run."""
+    if t.system_attrs.get(CONFIGURED_ATTR) or t.datetime_start is None:
+        return False
+    return (datetime.now() - t.datetime_start).total_seconds() < CHOOSING_S
 
 
 def _alive_elsewhere(study: optuna.Study, t: FrozenTrial) -> bool:

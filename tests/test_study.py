@@ -486,6 +486,69 @@ def test_a_config_running_in_another_live_process_is_awaited_not_started_again()
             other.wait()
 
 
+def test_a_lower_trial_still_suggesting_is_awaited_until_its_config_is_known() -> None:
+    """Two workers start vLLM's defaults at once: the later trial looks while the
+    earlier one has not suggested its values yet.  It must wait for them (and then for
+    the earlier trial's answer), not start the same config a second time."""
+    import socket
+    import threading
+
+    from autotune.study import CONFIGURED_ATTR, _await_running_twin
+
+    study = optuna.create_study(direction="maximize")
+    other = subprocess.Popen(["sleep", "60"])  # the live process that runs the trial
+
+    def asked_elsewhere() -> optuna.Trial:
+        trial = study.ask()  # no value suggested yet
+        for key, value in (("autotune:pid", other.pid),
+                           ("autotune:host", socket.gethostname())):
+            study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        return trial
+
+    def configure(trial: optuna.Trial, seqs: int) -> None:
+        trial.suggest_int("max_num_seqs", seqs, seqs)
+        study._storage.set_trial_system_attr(trial._trial_id, CONFIGURED_ATTR, True)
+
+    try:
+        early = asked_elsewhere()
+        looks = 0
+        third_look, done = threading.Event(), threading.Event()
+        real_get = study.get_trials
+
+        def spying_get(*args: Any, **kwargs: Any) -> Any:
+            nonlocal looks
+            looks += 1
+            if looks == 3:  # looked twice and waited; now the early trial decides
+                third_look.set()
+                done.wait(30)
+            return real_get(*args, **kwargs)
+
+        def decide_then_finish() -> None:
+            if third_look.wait(30):
+                configure(early, 3)
+                early.set_user_attr("result", {"launched": True})
+                study.tell(early, 5.0)
+            done.set()
+
+        study.get_trials = spying_get  # type: ignore[method-assign]
+        finisher = threading.Thread(target=decide_then_finish)
+        finisher.start()
+        answer = _await_running_twin(study, early.number + 1, {"max_num_seqs": 3},
+                                     poll_s=0.01)
+        done.set()
+        finisher.join()
+        study.get_trials = real_get  # type: ignore[method-assign]
+        assert answer is not None and answer.number == early.number  # its answer, reused
+        # One that turns out to be another config is not waited for once it says so.
+        unlike = asked_elsewhere()
+        configure(unlike, 5)
+        assert _await_running_twin(study, unlike.number + 1, {"max_num_seqs": 4},
+                                   poll_s=0.01) is None
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_trial_failed_by_another_process_while_it_runs_does_not_end_the_study(
         tmp_path: Path) -> None:
     """Another process fails a trial of this search as stale (a heartbeat gap longer

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.files import atomic_write
-from benchmarks.results import BenchRun, parse_json_output, render
+from benchmarks.results import BenchRun, committed_label, parse_json_output, render
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -128,11 +128,11 @@ def reused(b: Bench, smoke: bool, json_dir: Path) -> BenchRun:
     """A benchmark's saved JSON from an earlier run, said so on the page."""
     path = json_dir / f"{b.name}.json"
     data = json.loads(path.read_text())
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
     wall = data.get("total_wall_s", _walls(json_dir).get(b.name, float("nan")))
     run = BenchRun(b.name, b.title, command_for(b, smoke, path), float(wall), 0, data,
                    module=b.module)
-    run.notes.append(f"figures reused from {path.name}, written {when} by the command above")
+    run.notes.append(f"figures reused from {path.name} ({committed_label(path)}), written by "
+                     "the command above")
     return run
 
 

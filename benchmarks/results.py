@@ -11,6 +11,7 @@ import os
 import platform
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 
@@ -27,6 +28,30 @@ class BenchRun:
     text: str = ""  # stdout when the benchmark prints text, or the error tail
     notes: list[str] = field(default_factory=list)
     module: str = ""  # the benchmark's module when it is not named after it
+
+
+def committed_label(path: Path, *, root: Path | None = None) -> str:
+    """When the JSON at ``path`` was written, for a page that reuses it: its last commit
+    if git (in ``root``, the repository by default) has the file unchanged, else its
+    modification time.  A clone's files all carry the time of the checkout, so the file
+    time alone would date every reused figure to the day it was cloned."""
+    import subprocess
+    import time
+
+    root = root or Path(__file__).resolve().parent.parent
+    try:
+        changed = subprocess.run(["git", "status", "--porcelain", "--", str(path)],
+                                 cwd=root, capture_output=True, text=True, check=True).stdout
+        last = subprocess.run(["git", "log", "-1", "--date=format-local:%Y-%m-%d %H:%M UTC",
+                               "--format=%cd, commit %h", "--", str(path)], cwd=root,
+                              capture_output=True, text=True, check=True,
+                              env={**os.environ, "TZ": "UTC"}).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        changed, last = "?", ""
+    if last and not changed.strip():
+        return f"committed {last}"
+    mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
+    return f"file modified {mtime}"
 
 
 def machine() -> dict[str, Any]:

@@ -94,6 +94,7 @@ from autotune.study_twin import StudyTwin  # noqa: E402
 from autotune.trial import LoadPlan, SimBackend, TrialFailed, evaluate, probe  # noqa: E402
 from autotune.verdict import SteadyState  # noqa: E402
 from autotune.workload import Request, sample_lengths  # noqa: E402
+from benchmarks.results import committed_label  # noqa: E402
 
 RESTART_S = 90.0
 TOL = 0.03
@@ -1020,27 +1021,6 @@ def run_methods(w: World, methods: Sequence[str], t1: float
                 f"{r['total_server_s']:,.0f} server s, {r['cpu_s']:.0f} CPU s{twin} "
                 f"({i + 1}/{len(tasks)}, {time.perf_counter() - t1:.0f} s)")
     return walks, studies, grid_studies
-
-
-def committed_label(path: Path) -> str:
-    """When the JSON at ``path`` was written, for a file older than the ``written`` field:
-    its last commit, if git has the file unchanged, else its modification time."""
-    import os
-    import subprocess
-
-    try:
-        changed = subprocess.run(["git", "status", "--porcelain", "--", str(path)],
-                                 cwd=ROOT, capture_output=True, text=True, check=True).stdout
-        last = subprocess.run(["git", "log", "-1", "--date=format-local:%Y-%m-%d %H:%M UTC",
-                               "--format=%cd, commit %h", "--", str(path)], cwd=ROOT,
-                              capture_output=True, text=True, check=True,
-                              env={**os.environ, "TZ": "UTC"}).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        changed, last = "?", ""
-    if last and not changed.strip():
-        return f"committed {last}"
-    mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(path.stat().st_mtime))
-    return f"file modified {mtime}"
 
 
 class MergeError(ValueError):

@@ -22,7 +22,12 @@ import tool_comparison  # noqa: E402
 import twin_recovery  # noqa: E402
 
 from benchmarks import __main__ as bench_main  # noqa: E402
-from benchmarks.results import BenchRun, parse_json_output, render  # noqa: E402
+from benchmarks.results import (  # noqa: E402
+    BenchRun,
+    committed_label,
+    parse_json_output,
+    render,
+)
 
 EXTERNAL = os.environ.get("AUTOTUNE_BENCH_EXTERNAL") == "1"
 EXTERNAL_WHY = ("external clients are slow to start (vLLM import ~1 min, GuideLLM ~1 min); "
@@ -127,6 +132,31 @@ def test_render_states_machine_commands_and_figures() -> None:
     assert "requests_per_cpu_s | 1,234" in page
     assert "exit 1" in page and "boom" in page
     assert "Skipped guidellm: not installed" in page
+
+
+def test_reused_figures_are_dated_by_their_commit_not_by_the_clone(tmp_path: Path) -> None:
+    """`--reuse` on a fresh clone: every file carries the checkout's time, so a figure
+    reused from a committed JSON is dated by its commit; one a new run rewrote (not yet
+    committed) by its file time."""
+    import subprocess
+    import time
+
+    when = "2026-12-03T15:52:00+00:00"
+    env = {**os.environ, "GIT_AUTHOR_DATE": when, "GIT_COMMITTER_DATE": when}
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    path = repo / "sim_speed.json"
+    path.write_text('{"a": 1}')
+    for args in (["init", "-q"], ["add", "sim_speed.json"], ["commit", "-q", "-m", "run"]):
+        subprocess.run([*git, *args], cwd=repo, env=env, check=True)
+    os.utime(path)  # cloned today
+    assert committed_label(path, root=repo).startswith(
+        "committed 2026-12-03 15:52 UTC, commit ")
+    path.write_text('{"a": 2}')
+    os.utime(path, (1764936000, 1764936000))
+    assert committed_label(path, root=repo) == "file modified " + time.strftime(
+        "%Y-%m-%d %H:%M UTC", time.gmtime(1764936000))
 
 
 def test_main_rejects_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> None:

@@ -36,7 +36,6 @@ from autotune.optuna_adapter import (
     heartbeat_grace,
     set_trial_system_attr,
     storage_of,
-    trial_now,
 )
 from autotune.pruning import PrunerSettings
 from autotune.record import StoredTrial, stored_trials
@@ -575,11 +574,20 @@ def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, A
     A lower-numbered trial still suggesting its values (no CONFIGURED_ATTR yet) may turn
     out to be this config: it is waited for until it says, as in Lamport's bakery with
     the trial number as the ticket.  Comparing only finished suggestions let two workers
-    start vLLM's defaults at once (CI of 2026-12-05)."""
+    start vLLM's defaults at once (CI of 2026-12-05).
+
+    A trial's process is known to live by its heartbeat, where the storage has them:
+    the stale ones are failed once per look, and what is still RUNNING lives.  Without
+    them, by a live pid on this host (another host's trial cannot be told from a dead
+    one there)."""
+    beats = heartbeat_enabled(storage_of(study))
     while True:
+        if beats:
+            fail_stale_heartbeats(study)
         lower = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < number and (_choosing(t) or dict(t.params) == dict(params))]
-        if not any(_alive_elsewhere(study, t) for t in lower):
+                 if t.number < number and (_choosing(t) or dict(t.params) == dict(params))
+                 and (beats or _alive_on_this_host(t))]
+        if not lower:
             return _same_config(study, number, params)
         time.sleep(poll_s)
 
@@ -592,14 +600,8 @@ def _choosing(t: FrozenTrial) -> bool:
     return (datetime.now() - t.datetime_start).total_seconds() < CHOOSING_S
 
 
-def _alive_elsewhere(study: optuna.Study, t: FrozenTrial) -> bool:
-    """True while the process running ``t`` can be known to live: a live pid on this
-    host, or (storages with heartbeats) a heartbeat that Optuna has not found stale.  A
-    trial of another host without heartbeats cannot be told from a dead one."""
-    storage = storage_of(study)
-    if heartbeat_enabled(storage):
-        fail_stale_heartbeats(study)
-        return trial_now(study, t).state == TrialState.RUNNING
+def _alive_on_this_host(t: FrozenTrial) -> bool:
+    """The process running ``t`` is another one on this host, and alive."""
     pid = t.system_attrs.get("autotune:pid")
     return (t.system_attrs.get("autotune:host") == socket.gethostname()
             and isinstance(pid, int) and pid != os.getpid() and process_running(pid))

@@ -575,9 +575,10 @@ def run_search(o: SearchOptions) -> int:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
     if run.taken_over:
+        from autotune.seats import TAKEN_OVER_WHY
+
         rec.notes.append(f"trials {run.taken_over} were failed by another process while they "
-                         "ran here (no heartbeat within its grace period: a stalled host or "
-                         "a database outage); their configs were queued again")
+                         f"ran here ({TAKEN_OVER_WHY}); their configs were queued again")
     pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
     rec.notes.append(
         f"this run: {run.new_trials} new trials"

@@ -108,6 +108,9 @@ def requeue_number(study: optuna.Study, number: int | None, *, only_failed: bool
 # ----------------------------------------------------------------------------- one trial
 
 Outcome = Literal["ran", "surplus", "finished elsewhere"]
+# Why a trial is "finished elsewhere", as the worker and the search say it.
+TAKEN_OVER_WHY = ("no heartbeat within its grace period: a stalled host or a database "
+                  "outage")
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from autotune.optuna_adapter import (
     trial_now,
 )
 from autotune.seats import (
+    TAKEN_OVER_WHY,
     finished_count,
     requeue,
     requeue_number,
@@ -522,8 +523,7 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
                 current.clear()  # a stop from here on interrupts no trial
                 if seated.outcome == "finished elsewhere":
                     say(f"trial {seated.number}: failed by another process while it ran here "
-                        "(no heartbeat within its grace period: a stalled host or a "
-                        "database outage); its config is queued again")
+                        f"({TAKEN_OVER_WHY}); its config is queued again")
                 elif seated.outcome == "ran" and seated.number is not None:
                     ran.append(seated.number)
         except KeyboardInterrupt:

@@ -281,15 +281,19 @@ def test_real_vllm_cpu_sweep_over_max_num_seqs(
         "--backend", "vllm", "--model", model, "--vllm-cmd", cmd, "--tokenizer", model,
         "--set", "enforce_eager=true", "--set", "distributed_executor_backend=uni",
         "--set", "max_model_len=1024",
-        "--param", "max_num_seqs=1,4,16", "--rate", "inf", "--num-prompts", "64",
+        "--param", "max_num_seqs=1,4,16", "--concurrency", "32", "--num-prompts", "320",
         "--warmup", "2", "--dataset", "synthetic", "--input-len", "32", "--output-len", "32",
         "--no-plot", "--out", str(out))
     assert code == 0, stderr
     rows = list(csv.DictReader((out / "sweep.csv").open()))
     assert [r["status"] for r in rows] == ["complete"] * 3, [r["detail"] for r in rows]
     # The config really changed the server: vLLM's own /metrics show the batch each one
-    # ran (64 requests sent at once, sampled every 0.5 s).  How much batching pays is a
-    # speed, measured in benchmarks/, not asserted here, where other tests share the cores.
+    # ran.  32 requests are kept in flight over 320 (about 3 s at max_num_seqs 16 here),
+    # so the 0.5 s scrapes see the server batching: when all of 64 were sent at once,
+    # they were served in 0.75 s at max_num_seqs 16, and its one scrape in that window
+    # came at the tail (running_max 1; CI of 2026-12-05).
+    # How much batching pays is a speed, measured in benchmarks/, not asserted here,
+    # where other tests share the cores.
     running = [float(r["running_max"]) for r in rows]
     assert running[0] == 1 and running[2] > 4, running
     assert "knee" in stdout

@@ -263,14 +263,15 @@ def _limit_values(a: _Arrays, idx: np.ndarray, limit: Limit, now: float
     running = ~ok & ~failed
     sent = a.sent[idx]
     if limit.metric == "e2e":
-        known = a.end[idx] - sent
+        # Only where used: a request not yet sent has inf times (inf - inf warns).
+        known = np.subtract(a.end[idx], sent, out=np.full(len(idx), math.nan), where=ok)
         age = np.where(np.isfinite(sent), now - sent, 0.0)
         hi = np.where(ok, known, inf)
         lo = np.where(ok, known, np.where(failed, inf, age))
     elif limit.metric == "ttft":
         first = a.first[idx]
         have = np.isfinite(first) & ~failed
-        known = first - sent
+        known = np.subtract(first, sent, out=np.full(len(idx), math.nan), where=have)
         age = np.where(np.isfinite(sent), now - sent, 0.0)
         hi = np.where(have, known, inf)
         lo = np.where(have, known, np.where(failed, inf, age))

@@ -276,7 +276,7 @@ def _learner(twin: StudyTwin, say: Callable[[str], None], warn: Callable[[str], 
         study = trial.study
         measured = [t.params for t in stored_trials(study, finished=False)]
         try:
-            picks = twin.picks(measured, seed=trial.number + 1)
+            picks = twin.picks(measured, seed=pick_seed(twin.settings.seed, trial.number))
         except (AutotuneError, ValueError) as exc:
             warn(f"twin: no pick after trial {trial.number}: {exc}")
             return
@@ -288,6 +288,15 @@ def _learner(twin: StudyTwin, say: Callable[[str], None], warn: Callable[[str], 
                 f"{p.get('goodput_tokens') or 0:,.0f} tok/s; simulated)")
 
     return learn
+
+
+def pick_seed(study_seed: int, number: int) -> int:
+    """The seed of the twin's short study after trial ``number``: fixed by the search's
+    ``--seed`` and the trial, so a rerun repeats its picks and another ``--seed`` draws
+    others (a plain sum would give seed 1 after trial 1 the picks of seed 0 after 2)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([study_seed, number]).generate_state(1)[0])
 
 
 def _rms(tests: Sequence[ObservedTest], profile: HardwareProfile, model: ModelProfile

@@ -20,9 +20,17 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from autotune.files import atomic_write
-from benchmarks.results import BenchRun, committed_label, parse_json_output, render
+from benchmarks.results import (
+    BenchRun,
+    committed_label,
+    machine,
+    machine_line,
+    parse_json_output,
+    render,
+)
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -30,6 +38,7 @@ HEADLINE = "**Headline (same run):"
 README_START = "<!-- benchmark-headlines:start -->"
 README_END = "<!-- benchmark-headlines:end -->"
 WALLS = "walls.json"
+MACHINES = "machines.json"  # each benchmark's machine in the run that wrote its JSON
 
 
 @dataclass(frozen=True)
@@ -131,21 +140,30 @@ def reused(b: Bench, smoke: bool, json_dir: Path) -> BenchRun:
     wall = data.get("total_wall_s", _walls(json_dir).get(b.name, float("nan")))
     run = BenchRun(b.name, b.title, command_for(b, smoke, path), float(wall), 0, data,
                    module=b.module)
+    measured_on = _recorded(json_dir, MACHINES).get(b.name)
     run.notes.append(f"figures reused from {path.name} ({committed_label(path)}), written by "
-                     "the command above")
+                     "the command above on " + (measured_on or "a machine not recorded "
+                                                 "(its run predates machines.json)"))
     return run
 
 
 def _walls(json_dir: Path) -> dict[str, float]:
     """Each benchmark's wall seconds in the run that wrote its JSON (for --reuse)."""
-    path = json_dir / WALLS
+    return _recorded(json_dir, WALLS)
+
+
+def _recorded(json_dir: Path, name: str) -> dict[str, Any]:
+    path = json_dir / name
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _record_wall(json_dir: Path, run: BenchRun) -> None:
+def _record_run(json_dir: Path, run: BenchRun) -> None:
+    """Keep what a later ``--reuse`` page must say of this JSON: its wall and its machine
+    (a page reusing it may be written on another host)."""
     if run.returncode == 0 and (json_dir / f"{run.name}.json").exists():
-        atomic_write(json_dir / WALLS, json.dumps(
-            {**_walls(json_dir), run.name: run.wall_s}, indent=2, sort_keys=True))
+        for name, value in ((WALLS, run.wall_s), (MACHINES, machine_line(machine()))):
+            atomic_write(json_dir / name, json.dumps(
+                {**_recorded(json_dir, name), run.name: value}, indent=2, sort_keys=True))
 
 
 def headlines(page: str) -> list[str]:
@@ -216,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"running {b.name} ...", file=sys.stderr, flush=True)
         runs.append(run_one(b, args.smoke, args.json_dir, args.timeout_s))
-        _record_wall(args.json_dir, runs[-1])
+        _record_run(args.json_dir, runs[-1])
         print(f"  {b.name}: exit {runs[-1].returncode}, {runs[-1].wall_s:.0f} s",
               file=sys.stderr, flush=True)
     command = "python -m benchmarks" + (" --smoke" if args.smoke else "") + (

@@ -77,6 +77,12 @@ def machine() -> dict[str, Any]:
             "loadavg_at_end": load}
 
 
+def machine_line(m: dict[str, Any]) -> str:
+    """One line naming the machine of :func:`machine` (the page's header, a reused JSON's)."""
+    return (f"{m['nproc']} CPUs ({m['cpu_model']}), {fmt(m['mem_gib'])} GiB, "
+            f"Python {m['python']}, {m['platform']}")
+
+
 def parse_json_output(stdout: str) -> dict[str, Any] | None:
     """The JSON object a benchmark printed: all of stdout, or its last JSON block."""
     text = stdout.strip()
@@ -166,8 +172,8 @@ def render(runs: list[BenchRun], *, total_wall_s: float, command: str,
                                           "written)." if any(r.notes for r in runs)
                                           else " in the same run)."), "",
              f"- Date: {now}",
-             f"- Machine: {m['nproc']} CPUs ({m['cpu_model']}), "
-             f"{fmt(m['mem_gib'])} GiB, Python {m['python']}, {m['platform']}",
+             f"- Machine: {machine_line(m)}" + (" (this run's; a reused figure names its own)"
+                                               if any(r.notes for r in runs) else ""),
              f"- Load average at the end: {', '.join(f'{x:.1f}' for x in m['loadavg_at_end'])}"
              " (the cores were shared with other work when this is above ~0.5 per core; "
              "absolute times then vary, ratios measured in the same run less so)"

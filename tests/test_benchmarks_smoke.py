@@ -159,6 +159,26 @@ def test_reused_figures_are_dated_by_their_commit_not_by_the_clone(tmp_path: Pat
         "%Y-%m-%d %H:%M UTC", time.gmtime(1764936000))
 
 
+def test_a_reused_figure_names_the_machine_that_measured_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A page written with ``--reuse`` on one host must not credit that host with figures
+    measured on another: each JSON's machine is kept when it is written."""
+    sim_speed = next(b for b in bench_main.BENCHMARKS if b.name == "sim_speed")
+    (tmp_path / "sim_speed.json").write_text('{"a": 1}')
+    before = bench_main.reused(sim_speed, False, tmp_path)
+    assert "a machine not recorded" in before.notes[0]
+    monkeypatch.setattr(bench_main, "machine", lambda: {
+        "nproc": 2, "cpu_model": "AMD EPYC", "mem_gib": 23.5, "python": "3.11.7",
+        "platform": "Linux-x"})
+    bench_main._record_run(tmp_path, BenchRun("sim_speed", "t", ["x"], 8.0, 0, {"a": 1}))
+    monkeypatch.undo()
+    after = bench_main.reused(sim_speed, False, tmp_path)
+    assert after.notes[0].endswith("on 2 CPUs (AMD EPYC), 23.50 GiB, Python 3.11.7, Linux-x")
+    assert after.wall_s == 8.0
+    page = render([after], total_wall_s=8.0, command="python -m benchmarks --reuse")
+    assert "(this run's; a reused figure names its own)" in page
+
+
 def test_main_rejects_unknown_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_main.main(["--only", "nope"]) == 2
     assert "unknown benchmark" in capsys.readouterr().err

@@ -109,3 +109,11 @@ def test_for_study_scores_one_pass_over_the_pool_and_hooks_into_run_study(
     # benchmark pass the same hooks.
     assert set(twin.hooks()) == {"predict", "on_searched"}
     assert twin.hooks()["predict"] == twin.predict
+
+
+def test_the_twins_picks_are_seeded_by_the_search_seed_and_the_trial() -> None:
+    from autotune.study_twin import pick_seed
+
+    seeds = {(s, n): pick_seed(s, n) for s in range(3) for n in range(5)}
+    assert len(set(seeds.values())) == len(seeds)  # no two (seed, trial) share picks
+    assert pick_seed(7, 3) == pick_seed(7, 3)  # a rerun repeats them

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,25 @@ def test_grid_runs_without_the_walks_give_grid_ceiling_alone() -> None:
     assert [(r["method"], r["seed"]) for r in runs] == [("grid_ceiling", 0), ("grid_ceiling", 1)]
     for r in runs:
         assert r["total_server_s"] == 150.0 and r["events"][-1][1:] == ["b", 3.0]
+
+
+def test_grid_floor_is_the_cheapest_search_of_a_config_within_3_percent_by_the_truth() -> None:
+    """The twin/grid miss is set beside what measuring a best config first would cost:
+    'best' by the truth's goodput, the cost the grid's own search of that config."""
+    def truth(goodputs: dict[str, float]) -> dict[str, Any]:
+        return {"best_goodput_tokens": max(goodputs.values()),
+                "configs": [{"key": k, "goodput_tokens": g} for k, g in goodputs.items()]}
+
+    d = {"scenarios": [{"name": "a"}, {"name": "b"}], "sizes": {"seeds": [0, 1]},
+         "truth": {"a": truth({"x": 100.0, "y": 98.0, "z": 50.0}),
+                   "b": truth({"x": 100.0, "y": 90.0})},
+         "grid_ceiling_per_config": {
+             "a": {"x": {"server_s": 900.0}, "y": {"server_s": 300.0},
+                   "z": {"server_s": 100.0}},  # z is cheapest but far from the best
+             "b": {"x": {"server_s": 2000.0}, "y": {"server_s": 200.0}}},
+         "methods": {"grid_ceiling": {"server_s_to_within_median": {"low": 4000.0,
+                                                                    "high": 4000.0}}}}
+    assert ss.grid_floor(d) == {"a": 300.0, "b": 2000.0}
+    (line, _) = ss.grid_floor_lines(d)
+    assert "0.15 x the grid's median 4,000 s = 600 s" in line
+    assert "median 1,150 s, 0.29 of the grid" in line

@@ -412,3 +412,19 @@ def test_written_profile_loads_back_with_the_front_end(tmp_path: Path) -> None:
     line = next(x for x in text.splitlines() if x.startswith("frontend_token_us:"))
     assert "# fitted; +- " in line and "SSE chunk" in line
     assert "Front end (vLLM's API server) FITTED" in text and "NOT fitted" not in line
+
+
+def test_capacity_gap_sets_the_simulated_knee_beside_the_most_the_server_served() -> None:
+    def rate(real_tok_s: float, real_s: float, sim_s: float) -> dict[str, Any]:
+        return {"real": {"output_throughput": real_tok_s, "engine_s_per_decode_token": real_s},
+                "sim": {"engine_s_per_decode_token": sim_s}}
+
+    data = {"knee": {"output_tok_s": 1000.0},
+            "rates": [rate(500.0, 2e-3, 2.1e-3), rate(1100.0, 2.5e-3, 2.75e-3)]}
+    g = fid.capacity_gap(data)
+    assert g is not None
+    assert g["real_max_tok_s"] == 1100.0 and g["gap"] == pytest.approx(0.10)
+    assert (g["per_token_min"], g["per_token_max"]) == (pytest.approx(0.05),
+                                                        pytest.approx(0.10))
+    assert "served up to 1,100 (+10.0%)" in fid.capacity_lines(data)[1]
+    assert fid.capacity_gap({"rates": []}) is None

@@ -189,6 +189,29 @@ def test_guard_sigkills_a_server_that_ignores_sigterm_when_the_owner_dies(
         parent.stdout.close()
 
 
+def test_a_guard_whose_owner_is_already_gone_leaves_no_server_running_for_the_grace(
+        tmp_path: Path) -> None:
+    """The owner dies while its guard is still starting: the lifeline is closed before the
+    server is spawned.  The server must not start after the stop went out (it would then
+    run, unsignalled, until the grace's SIGKILL); the whole group goes at once."""
+    r, w = os.pipe()
+    os.close(w)  # the owner's end: gone before the guard ever reads
+    started = tmp_path / "started"
+    server = [sys.executable, "-c",
+              f"import pathlib, time; pathlib.Path({str(started)!r}).touch(); time.sleep(300)"]
+    guard = subprocess.Popen([sys.executable, "-c", process.GUARD_CODE, str(r), "120",
+                              *server], pass_fds=(r,), start_new_session=True)
+    os.close(r)
+    try:
+        guard.wait(timeout=60)  # half the grace: the group must not wait for it
+        assert wait_until(lambda: not group_members(guard.pid), 10.0), \
+            group_members(guard.pid)
+    finally:
+        if guard.poll() is None or group_members(guard.pid):
+            os.killpg(guard.pid, signal.SIGKILL)
+            guard.wait()
+
+
 def test_stop_group_reports_sigkill_for_a_server_that_ignores_sigterm(tmp_path: Path
                                                                         ) -> None:
     script = tmp_path / "hang.py"

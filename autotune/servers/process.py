@@ -145,25 +145,33 @@ def port_bindable(host: str, port: int) -> bool:
 # the server's exit, not the guard's.  A SIGTERM from the owner's stop gets a few
 # seconds beyond the grace before the guard's own SIGKILL: the owner escalates itself,
 # and the guard's timer only covers an owner that dies half-way through its stop.
+#
+# The owner's death is handled by the thread that reads the lifeline, not by a signal
+# to the guard itself: a signal lands on any thread, and one taken by the reader left
+# the main thread blocked in waitpid with the stop never run.  The lock makes "start
+# the server" and "stop the group" exclusive, so a server is never started after the
+# stop was sent (it would have run, unsignalled, for the whole grace).
 GUARD_CODE = """\
 import os, signal, sys, threading
 fd, grace, argv = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
 stopping, orphaned = threading.Event(), threading.Event()
+lock = threading.RLock()
 def kill_all():
     os.killpg(0, signal.SIGKILL)
 def down(signum=None, frame=None):
-    if stopping.is_set():
-        return
-    stopping.set()
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.killpg(0, signal.SIGTERM)
-    except OSError:
-        pass
+    with lock:
+        if stopping.is_set():
+            return
+        stopping.set()
+        try:
+            os.killpg(0, signal.SIGTERM)
+        except OSError:
+            pass
     timer = threading.Timer(grace if orphaned.is_set() else grace + 5.0, kill_all)
     timer.daemon = True
     timer.start()
 def watch():
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     while True:
         try:
             if not os.read(fd, 64):
@@ -171,16 +179,22 @@ def watch():
         except OSError:
             break
     orphaned.set()
-    os.kill(os.getpid(), signal.SIGTERM)
+    down()
 signal.signal(signal.SIGTERM, down)
 threading.Thread(target=watch, daemon=True).start()
-try:
-    pid = os.posix_spawnp(argv[0], argv, os.environ, setsigdef=(
-        signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
-except OSError as e:
-    print(f"autotune guard: cannot run {argv[0]}: {e}", file=sys.stderr, flush=True)
-    sys.exit(127)
-while True:
+pid = None
+with lock:
+    if not stopping.is_set():
+        try:
+            pid = os.posix_spawnp(argv[0], argv, os.environ, setsigdef=(
+                signal.SIGTERM, signal.SIGINT, signal.SIGHUP))
+        except OSError as e:
+            print(f"autotune guard: cannot run {argv[0]}: {e}", file=sys.stderr, flush=True)
+            sys.exit(127)
+        if stopping.is_set():
+            os.kill(pid, signal.SIGTERM)
+status = int(signal.SIGTERM)
+while pid is not None:
     try:
         status = os.waitpid(pid, 0)[1]
         break

@@ -543,15 +543,18 @@ class VllmServer(Server):
         header = f"# autotune: {' '.join(argv)}\n".encode()
         self._log_file.write(header)
         self._log_file.flush()
-        try:
-            # The owner's guard leads the group and takes it down if we die unannounced.
-            self._proc = process.spawn(argv, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                       env=self._child_env(), grace_s=self.grace_s)
-        except OSError as e:
-            self._close_log()
-            raise ServerStartError("missing_binary", f"cannot run {argv[0]}: {e}",
-                                   log_path=self._log_path) from e
-        process.track(self)
+        # The owner's guard leads the group and takes it down if we die unannounced; a
+        # stop signal waits until the group is ours to stop (process.signals_deferred).
+        with process.signals_deferred():
+            try:
+                self._proc = process.spawn(argv, stdout=self._log_file,
+                                           stderr=subprocess.STDOUT, env=self._child_env(),
+                                           grace_s=self.grace_s)
+            except OSError as e:
+                self._close_log()
+                raise ServerStartError("missing_binary", f"cannot run {argv[0]}: {e}",
+                                       log_path=self._log_path) from e
+            process.track(self)
 
     def _wait_healthy(self, t0: float) -> None:
         assert self._proc is not None

@@ -408,3 +408,58 @@ def test_tiny_model_folder_is_complete_and_idempotent(tmp_path):
     mtime = (out / "model.safetensors").stat().st_mtime_ns
     assert build(out, spec, text=text) == out  # same spec: kept as it is
     assert (out / "model.safetensors").stat().st_mtime_ns == mtime
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_a_stop_signal_during_a_start_waits_until_the_server_is_ours_to_stop(
+        tmp_path, monkeypatch):
+    """SIGTERM lands while the server is being spawned (the guard already forked): the
+    handler's unwinding waits until the server is recorded, so stop_all (atexit, the
+    worker's exit) stops it before the process leaves, not the lifeline after it."""
+    from autotune.servers import process
+
+    real_spawn = process.spawn
+
+    def spawn_then_signal(*args, **kwargs):
+        proc = real_spawn(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # before spawn has returned
+        return proc
+
+    def stop(signum, frame):
+        raise _Stopped
+
+    monkeypatch.setattr(process, "spawn", spawn_then_signal)
+    previous = signal.signal(signal.SIGTERM, stop)
+    server = fake(tmp_path)
+    try:
+        with pytest.raises(_Stopped):
+            server.start({})
+        assert live_servers() == [server]  # recorded: stop_all reaches it
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        process.stop_all()
+    assert not server.alive()
+
+
+def test_signals_deferred_runs_the_handler_when_the_block_ends():
+    from autotune.servers.process import signals_deferred
+
+    seen: list[str] = []
+
+    def stop(signum, frame):
+        seen.append("handler")
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(_Stopped):
+            with signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                seen.append("block ran to its end")
+        assert seen == ["block ran to its end", "handler"]
+        assert signal.getsignal(signal.SIGTERM) is stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)

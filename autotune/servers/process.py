@@ -32,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -408,6 +408,35 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
     if signum == signal.SIGINT:
         raise KeyboardInterrupt
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then handle them.
+
+    Starting a server and recording it for :func:`stop_all` must not be split by a
+    handler that unwinds: one that raised inside ``Popen`` (the child already forked)
+    left a guard and its server that no one stopped before exit, only the lifeline did,
+    after it (CI of 2026-12-05, a worker's SIGTERM during a start).  Python runs
+    handlers in the main thread only, so a block elsewhere cannot be split and needs no
+    deferral.  A signal at its default or ignored is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous: dict[signal.Signals, Any] = {}
+    for sig in HANDLED:
+        handler = signal.getsignal(sig)
+        if callable(handler):
+            previous[sig] = handler
+            signal.signal(sig, lambda signum, _frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        for held, restored in previous.items():
+            signal.signal(held, restored)
+        for signum in pending:
+            signal.raise_signal(signum)
 
 
 def exiting() -> bool:

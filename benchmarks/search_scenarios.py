@@ -1111,7 +1111,7 @@ def markdown(d: dict[str, Any]) -> list[str]:
         t = d["truth"][sc["name"]]
         best = t["best_goodput_tokens"]
         top = t["configs"][0] if t["configs"] else {}
-        near = sum(c["goodput_tokens"] >= (1 - TOL) * best for c in t["configs"])
+        near = len(near_best(t))
         out.append(f"| {sc['name']}: {sc['title']} | {len(t['configs'])} "
                    f"({t['rule_broken_configs']}) | {t['tests']} | {t['best_config']} | "
                    f"{best:,.0f} | {top.get('ceiling', 0):.2f} | {near} |")
@@ -1195,15 +1195,19 @@ def twin_lines(d: Mapping[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+def near_best(truth: Mapping[str, Any]) -> set[str]:
+    """The keys of a scenario's configs whose truth goodput is within 3% of its best."""
+    return {c["key"] for c in truth["configs"]
+            if c["goodput_tokens"] >= (1 - TOL) * truth["best_goodput_tokens"]}
+
+
 def grid_floor(d: Mapping[str, Any]) -> dict[str, float]:
     """Per scenario, the grid's cheapest ceiling search of a config whose truth goodput is
     within 3% of the best: what measuring a best config first, as the grid measures a
     config, costs (server s)."""
     out = {}
     for sc, costs in d.get("grid_ceiling_per_config", {}).items():
-        t = d["truth"][sc]
-        near = {c["key"] for c in t["configs"]
-                if c["goodput_tokens"] >= (1 - TOL) * t["best_goodput_tokens"]}
+        near = near_best(d["truth"][sc])
         cheapest = [v["server_s"] for k, v in costs.items() if k in near]
         if cheapest:
             out[sc] = min(cheapest)

@@ -42,7 +42,14 @@ from autotune.workload import Request
 OVERLOAD_SHARE = 0.95
 SATURATION_REQUESTS = 200
 SECANT_SHARE = 0.5
-PHASES = ("saturation", "incumbent", "bracket", "bisect", "more-requests", "repeat")
+PHASES = ("saturation", "floor", "incumbent", "bracket", "bisect", "more-requests",
+          "repeat")
+# Phases that decide no rate of the search: they count toward no probe limit.
+UNCOUNTED = ("saturation", "floor", "repeat")
+# The light-load test: this many requests, at most this many in flight, decide
+# whether any rate can meet the SLO before the search halves its rate toward zero.
+FLOOR_REQUESTS = 200
+FLOOR_CONCURRENCY = 2
 # "inconclusive": a load test sized by time that ran to its cap without a certain
 # verdict; "uncertain": a fixed-count probe whose point estimate passed but whose bound
 # did not.  Neither counts as passing.
@@ -51,6 +58,10 @@ VERDICTS = ("pass", "fail", "inconclusive", "uncertain")
 
 class CeilingError(AutotuneError, ValueError):
     """The ceiling search cannot run as asked; the message says what and how to fix."""
+
+
+class BelowFloor(CeilingError):
+    """Even at light load the config misses the SLO: no rate can meet it."""
 
 
 class BudgetSpent(CeilingError):
@@ -81,6 +92,9 @@ class ProbeResult:
     evidence: Any = None
     # The server-time budget ran out during this test, which was cut there.
     budget_cut: bool = False
+    # Where a test sized by time started in its pool, and which such test it was
+    # (BackendProbe.plan's ``at``): enough to replay the requests it sent.
+    pool_at: tuple[int, int] | None = None
 
 
 def completion_rate(records: Sequence[RequestRecord]) -> float | None:
@@ -91,7 +105,52 @@ def completion_rate(records: Sequence[RequestRecord]) -> float | None:
     return (len(ends) - 1) / (ends[-1] - ends[0])
 
 
-# probe(rate, num_prompts) -> ProbeResult; may also accept ``repeat=k`` (new seed).
+def search_looks(max_probes: int) -> int:
+    """The pass decisions a ceiling search may make, pooled: they share the
+    false-pass rate (Bonferroni), so that the answer, whichever rate it ends on, is
+    unsafe at most 5% of the time.  The validation adds none: it runs below a rate the
+    search passed, which is safe whenever that pass was right (latency grows with the
+    rate), so its own pass cannot make the answer wrong; it can only step the cap
+    down."""
+    return max(max_probes, 1)
+
+
+def search_steady(steady: Any, max_probes: int) -> Any:
+    """A ceiling search's steady-state rule: the plan's, its pass decisions sharing
+    the false-pass rate (``search_looks``); None stays None (fixed-count probes)."""
+    if steady is None:
+        return None
+    return dataclasses.replace(steady, looks=search_looks(max_probes))
+
+
+def busy_rate(records: Sequence[RequestRecord]) -> float | None:
+    """The served rate of a burst (every request sent at once): output tokens per
+    second until 90% of the requests completed, in requests of their mean length.
+    Completions per second would read the drain of the longest replies, when a few
+    streams are left, as the server's capacity."""
+    done = [r for r in records if not r.warmup and r.ok and r.end_s is not None]
+    sent = [r.sent_s for r in done if r.sent_s is not None]
+    if len(done) < 10 or not sent:
+        return completion_rate(records)
+    ends = sorted(r.end_s for r in done if r.end_s is not None)
+    t0, t90 = min(sent), ends[int(0.9 * (len(ends) - 1))]
+    if not t90 > t0:
+        return completion_rate(records)
+    tokens = 0.0
+    for r in done:
+        if r.end_s is not None and r.end_s <= t90:
+            tokens += r.output_tokens
+        elif r.chunk_times_s:
+            # Each content chunk carries about output_tokens / chunks tokens.
+            shown = sum(1 for t in r.chunk_times_s if t <= t90)
+            tokens += r.output_tokens * shown / len(r.chunk_times_s)
+    mean_out = sum(r.output_tokens for r in done) / len(done)
+    return tokens / (t90 - t0) / mean_out if mean_out > 0 else None
+
+
+# probe(rate, num_prompts) -> ProbeResult; may also accept ``repeat=k`` (new seed),
+# ``prior=...`` (evidence pooled from higher rates, SteadyState.prior) and
+# ``light=True`` (the light-load floor test: rate inf, FLOOR_CONCURRENCY in flight).
 ProbeFn = Callable[..., ProbeResult]
 
 
@@ -166,6 +225,26 @@ def check_limits(summary: Summary, slo: SLO, confidence: float) -> list[LimitChe
     return out
 
 
+def floor_verdict(summary: Summary, slo: SLO) -> str | None:
+    """Why no rate can meet ``slo``, from a light-load test's ``summary`` (None when
+    its limits' sequential tests do not show that): a limit whose exceedance is shown
+    over its allowance with 95% confidence even with almost nothing queued."""
+    from autotune.verdict import limit_test
+
+    for limit in slo.limits:
+        values = np.asarray(summary.samples.get(limit.metric, ()), dtype=float)
+        n = int(values.size)
+        k = int(np.sum(values > limit.threshold_s))
+        test = limit_test(limit)
+        if n and test.decide(n, k) == "fail":
+            return (f"{limit.label}: {k} of {n} requests over {format_seconds(limit.threshold_s)} "
+                    f"({k / n:.1%}) at light load (at most {FLOOR_CONCURRENCY} in flight), "
+                    f"shown over the {test.allowance:.1%} allowed with 95% confidence: the "
+                    "latency floor of this config and workload is above the SLO, so no "
+                    "request rate can meet it")
+    return None
+
+
 def verdict_of(checks: Sequence[LimitCheck], pruned: bool) -> str:
     """``pass`` only if every point estimate and every bound holds."""
     if pruned or not all(c.point_ok for c in checks):
@@ -214,6 +293,7 @@ class Probe:
     capacity_seen: float = math.nan
     summary: Summary | None = field(default=None, repr=False)
     evidence: Any = field(default=None, repr=False)
+    pool_at: tuple[int, int] | None = None
 
     @property
     def passed(self) -> bool:
@@ -243,6 +323,7 @@ class Probe:
             "completion_rate": self.completion_rate,
             "capacity_seen": _num(self.capacity_seen), "slack": _num(self.slack),
             "note": self.note,
+            "pool_at": None if self.pool_at is None else list(self.pool_at),
         }
         if self.evidence is not None:
             data["evidence"] = self.evidence.to_dict()
@@ -296,6 +377,8 @@ class CeilingResult:
     validation: Any = None
     # The server-time budget ran out during the search: the answer is partial.
     budget_spent: bool = False
+    # A light-load test showed that no rate can meet the SLO.
+    below_floor: bool = False
 
     @property
     def recommended_cap(self) -> float | None:
@@ -341,12 +424,18 @@ class CeilingResult:
                             "load test")
                 return (f"{prefix}not established: the --budget ran out during the load "
                         f"test at {shown} req/s, before it could pass ({self.slo})")
+            if self.below_floor:
+                floor = next((p for p in self.probes if p.phase == "floor"), None)
+                why = floor.note if floor is not None and floor.note else "light load fails"
+                return f"{prefix}no rate can meet the SLO ({self.slo}): {why}"
             if self.below_start:
                 return (f"{prefix}does not sustain {shown} req/s, the rate it needs to beat "
                         f"the best config so far ({self.slo})")
             if at_low and all(p.verdict == "inconclusive" for p in at_low):
-                return (f"{prefix}even at {shown} req/s the load test reached its cap without "
-                        f"steady-state evidence that the SLO ({self.slo}) holds")
+                return (f"{prefix}not shown to meet the SLO ({self.slo}) at any rate down to "
+                        f"{shown} req/s: its load test reached its time cap without "
+                        "steady-state evidence that the SLO holds (a fail for the ceiling; "
+                        "see the notes for the lowest rate planned)")
             if at_low and all(p.verdict == "uncertain" for p in at_low):
                 return (f"{prefix}even {shown} req/s meets the SLO ({self.slo}) only by its "
                         f"point estimate, not with {self.confidence:.0%} confidence: more "
@@ -394,6 +483,7 @@ class CeilingResult:
             "stepdown_rate": self.stepdown_rate,
             "spread": [s.to_dict() for s in self.spread],
             "below_start": self.below_start,
+            "below_floor": self.below_floor,
             "budget_spent": self.budget_spent,
             "validation": None if self.validation is None else self.validation.to_dict(),
             "notes": list(self.notes),
@@ -430,13 +520,22 @@ def format_seconds(s: float) -> str:
 
 def _limits_phrase(slo: SLO, probe: Probe, confidence: float) -> str:
     single_e2e = len(slo.limits) == 1 and slo.limits[0].metric == "e2e"
+    ev = probe.evidence
     parts = []
     for limit in slo.limits:
-        c = probe.check(limit.label)
         name = f"P{limit.percentile:g}" + ("" if single_e2e else f" {limit.metric.upper()}")
-        bound = format_seconds(c.bound_s) if c is not None else "?"
-        parts.append(f"{name} ≤ {format_seconds(limit.threshold_s)} "
-                     f"({confidence * 100:g}% bound {bound})")
+        lim = None if ev is None else next(
+            (x for x in ev.limits if x.label == limit.label), None)
+        if lim is not None:
+            n, k = (lim.pooled_n, lim.pooled_exceed) if lim.pooled_n else (lim.n, lim.exceed)
+            pooled = ", pooled with higher rates" if lim.pooled_n else ""
+            how = (f"{k} of {n} requests over it{pooled}: under "
+                   f"{1 - limit.percentile / 100:.1%} at {confidence * 100:g}% confidence")
+        else:
+            c = probe.check(limit.label)
+            how = (f"{confidence * 100:g}% bound "
+                   f"{format_seconds(c.bound_s) if c is not None else '?'}")
+        parts.append(f"{name} ≤ {format_seconds(limit.threshold_s)} ({how})")
     return ", ".join(parts)
 
 
@@ -469,15 +568,48 @@ def stepdown_probe_count(saturated_throughput: float, ceiling: float) -> int:
 # ----------------------------------------------------------------------------- search
 
 
-def _call(probe: ProbeFn, rate: float, n: int, repeat: int) -> ProbeResult:
-    if repeat == 0:
-        return probe(rate, n)
+def _takes(probe: ProbeFn, name: str) -> bool:
     try:
         params = inspect.signature(probe).parameters
     except (TypeError, ValueError):
-        params = {}
-    takes = "repeat" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-    return probe(rate, n, repeat=repeat) if takes else probe(rate, n)
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _call(probe: ProbeFn, rate: float, n: int, repeat: int,
+          prior: tuple[tuple[str, int, int, float], ...] = ()) -> ProbeResult:
+    kwargs: dict[str, Any] = {}
+    if repeat and _takes(probe, "repeat"):
+        kwargs["repeat"] = repeat
+    if prior and _takes(probe, "prior"):
+        kwargs["prior"] = prior
+    return probe(rate, n, **kwargs)
+
+
+def lent_evidence(probes: Sequence[Probe], rate: float
+                  ) -> tuple[tuple[str, int, int, float], ...]:
+    """Evidence for a pass at ``rate`` from every test of a config at a rate at or
+    above it: latency grows with the rate, so their exceedances bound this rate's.
+    Each lends its requests up to the moment its own evidence first leaned unsafe by a
+    factor 4 (``ExceedanceTest.lent``: a stopping time, so the pooled test keeps its
+    error rate), so a failed test above costs a little, not all its exceedances.
+    Which tests pool is fixed by their rates alone, never by their outcomes; the
+    search's pass decisions share the false-pass rate (``search_looks``)."""
+    if not math.isfinite(rate):
+        return ()
+    pooled: dict[str, list[float]] = {}
+    for p in probes:
+        ev = p.evidence
+        if (ev is None or p.phase in UNCOUNTED or not math.isfinite(p.rate)
+                or p.rate < rate):
+            continue
+        for lim in ev.limits:
+            got = pooled.setdefault(lim.label, [0, 0, 1.0])
+            got[0] += lim.lend_n
+            got[1] += lim.lend_exceed
+            got[2] = max(got[2], lim.dispersion)
+    return tuple((label, int(v[0]), int(v[1]), float(v[2]))
+                 for label, v in pooled.items() if v[0] > 0)
 
 
 class _Search:
@@ -499,24 +631,39 @@ class _Search:
         self.notes: list[str] = []
         self.source: str | None = None
         self.cut_at: float | None = None  # the rate whose test the budget cut short
+        self.floor_checked = False
 
     @property
     def used(self) -> int:
-        return sum(1 for p in self.probes if p.phase != "repeat")
+        return sum(1 for p in self.probes if p.phase not in UNCOUNTED)
 
     @property
     def left(self) -> int:
         return self.budget - self.used
 
+    def prior_for(self, rate: float) -> tuple[tuple[str, int, int, float], ...]:
+        return lent_evidence(self.probes, rate)
+
     def run_one(self, rate: float, n: int, phase: str, repeat: int = 0,
                 note: str | None = None) -> Probe:
-        res = _call(self.probe, rate, n, repeat)
+        prior = self.prior_for(rate) if phase not in UNCOUNTED else ()
+        if phase == "floor":
+            res = self.probe(rate, n, light=True)
+        else:
+            res = _call(self.probe, rate, n, repeat, prior)
         s = res.summary
         if self.source is None:
             self.source = s.source
         checks = check_limits(s, self.slo, self.confidence)
         ev = res.evidence
-        if ev is not None:
+        floor_fail: str | None = None
+        if phase == "floor":
+            floor_fail = floor_verdict(s, self.slo)
+            verdict = "fail" if floor_fail else "pass"
+            sent, backlog, slow = rate, False, False
+            seen = res.completion_rate or s.request_throughput
+            note = floor_fail or note
+        elif ev is not None:
             checks = [LimitCheck(e.label, e.threshold_s, e.observed_s, e.upper_s, e.n)
                       for e in ev.limits] or checks
             verdict = "fail" if res.pruned else ev.verdict
@@ -544,7 +691,7 @@ class _Search:
             num_measured=s.num_measured, pruned=res.pruned, prune_reason=res.prune_reason,
             overloaded=overloaded, gpu_util=res.gpu_util, server_s=res.server_s,
             repeat=repeat, note=note, completion_rate=res.completion_rate,
-            capacity_seen=capacity, summary=s, evidence=ev)
+            capacity_seen=capacity, summary=s, evidence=ev, pool_at=res.pool_at)
         self.probes.append(p)
         if self.on_probe is not None:
             self.on_probe(p)
@@ -557,6 +704,18 @@ class _Search:
         if self.cut_at is not None:
             raise BudgetSpent(f"the --budget ran out during the load test at "
                               f"{_rate(self.cut_at)} req/s, which was cut there")
+
+    def check_floor(self) -> None:
+        """Before the search halves its rate: once, a light-load test of whether any
+        rate can meet the SLO (raises BelowFloor when none can)."""
+        if self.floor_checked or not _takes(self.probe, "light"):
+            return
+        self.floor_checked = True
+        p = self.run_one(math.inf, FLOOR_REQUESTS, "floor",
+                         note=f"light load: at most {FLOOR_CONCURRENCY} requests in flight")
+        self.stop_if_cut()
+        if p.verdict == "fail":
+            raise BelowFloor(p.note or "the SLO is under the latency floor")
 
     def evaluate(self, rate: float, phase: str) -> str:
         """Run one rate (re-running with more requests while uncertain); its verdict."""
@@ -664,6 +823,7 @@ def find_ceiling(
     headroom: float = 0.10,
     min_rate: float | None = None,
     max_rate: float | None = None,
+    lowest_rate: float | None = None,
     first_must_pass: bool = False,
     then_down: bool = False,
     on_probe: Callable[[Probe], None] | None = None,
@@ -681,8 +841,13 @@ def find_ceiling(
     vLLM's ``auto_tune.sh`` does) and starts at 70% of its throughput.  ``max_probes``
     counts every load test of the search, re-runs with more requests included;
     ``repeats - 1`` re-runs of each boundary rate come on top.  ``min_rate`` (default
-    start / 32) is where halving stops when even low rates fail.  ``on_probe`` sees
-    each probe as it finishes (for a live table).
+    start / 32) is where halving stops when even low rates fail; ``lowest_rate``
+    (SteadyState.lowest_rate) is the lowest rate whose test can pass within its time
+    cap: no rate under it is planned.  Before halving, a light-load test (when the
+    probe takes ``light``) asks whether any rate can meet the SLO; when none can the
+    search stops there with ``below_floor``.  A pass may pool the evidence of the
+    passing and undecided tests at higher rates (``_Search.prior_for``).  ``on_probe``
+    sees each probe as it finishes (for a live table).
     """
     need = check_settings(slo, start_rate=start_rate, tol=tol, max_probes=max_probes,
                           num_prompts=num_prompts, max_num_prompts=max_num_prompts,
@@ -698,7 +863,7 @@ def find_ceiling(
 
     saturated: float | None = None
     saturated_how: str | None = None
-    below_start = budget_spent = False
+    below_start = budget_spent = below_floor = False
     spread: list[Spread] = []
     try:
         if start_rate is None:
@@ -707,7 +872,8 @@ def find_ceiling(
             # drain minutes of work before the search even starts.
             sat = search.run_one(math.inf, min(search.n, SATURATION_REQUESTS), "saturation",
                                  note="every request at once: measures saturated throughput")
-            saturated, saturated_how = sat.request_throughput, "measured at rate inf"
+            saturated = sat.completion_rate or sat.request_throughput
+            saturated_how = "served at rate inf"
             search.stop_if_cut()
             if not saturated > 0:
                 raise CeilingError(
@@ -715,6 +881,16 @@ def find_ceiling(
             search.cap_est = saturated
             start_rate = 0.7 * saturated
         floor_rate = min_rate if min_rate is not None else start_rate / 32.0
+        if lowest_rate is not None and not math.isfinite(lowest_rate):
+            search.notes.append(
+                "no test can pass within its time cap (--max-duration): the cap ends "
+                "before the requests a pass needs are judged; every test will end "
+                "inconclusive, which the ceiling counts as a fail")
+        elif lowest_rate is not None and lowest_rate > floor_rate:
+            floor_rate = lowest_rate
+            search.notes.append(
+                f"no rate under {_rate(lowest_rate)} req/s is planned: its test could not "
+                "gather the requests a pass needs within its time cap (--max-duration)")
         if max_rate is not None:
             start_rate = min(start_rate, max_rate)
         start_rate = max(start_rate, floor_rate)
@@ -730,6 +906,9 @@ def find_ceiling(
             _bracket(search, start_rate, floor_rate, tol, max_rate=max_rate)
         _bisect(search, tol)
         spread = _repeat_boundaries(search, repeats) if not below_start else []
+    except BelowFloor as exc:
+        below_floor = True
+        search.notes.append(str(exc))
     except BudgetSpent as exc:
         # What the tests so far support stands; an incumbent test cut short proves
         # nothing either way, so the config is not called below the incumbent.
@@ -739,6 +918,8 @@ def find_ceiling(
         search.notes.append(str(exc))
 
     lo, hi = search.lo(), search.hi()
+    if lo is None and not below_floor:
+        search.notes.extend(zone_notes(search.probes, slo))
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
     if lo is not None and hi is not None and not converged:
         search.notes.append(
@@ -764,7 +945,37 @@ def find_ceiling(
         stepdown_rate=(stepdown_rate(saturated, lo)
                        if saturated is not None and lo is not None else None),
         spread=spread, notes=search.notes, below_start=below_start,
-        budget_spent=budget_spent)
+        budget_spent=budget_spent, below_floor=below_floor)
+
+
+def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
+    """Why no rate passed although none clearly failed: the tests that ran to their
+    cap undecided show a share over the limit between half the allowance and the
+    allowance (the sequential test's indifference zone) at every rate, i.e. the SLO
+    sits at the config's latency floor.  Says which limit could be shown instead."""
+    undecided = [p for p in probes if p.phase not in UNCOUNTED and p.evidence is not None
+                 and p.verdict == "inconclusive" and p.summary is not None]
+    out = []
+    for limit in slo.limits:
+        evs = [lim for p in undecided for lim in p.evidence.limits if lim.label == limit.label]
+        n, k = sum(e.n for e in evs), sum(e.exceed for e in evs)
+        allowance = 1.0 - limit.percentile / 100.0
+        if not n or k / n >= allowance:
+            continue
+        values = np.concatenate([np.asarray(p.summary.samples.get(limit.metric, ()), float)
+                                 for p in undecided])
+        tight = quantile(values, 100.0 - 40.0 * allowance) if values.size else math.nan
+        out.append(
+            f"{limit.label}: {k} of {n} requests ({k / n:.2%}) exceeded "
+            f"{format_seconds(limit.threshold_s)} in the tests that ran to their cap "
+            f"undecided ({', '.join(_rate(p.rate) for p in undecided)} req/s): between half "
+            f"the allowance ({allowance / 2:.1%}) and the allowance ({allowance:.1%}), where "
+            "a test needs many thousands of requests to decide.  The SLO sits at this "
+            "config's latency floor: it may hold, but cannot be shown with 95% confidence "
+            f"in tests this long.  A limit of {format_seconds(tight)} (exceeded by "
+            f"{0.4 * allowance:.1%} of these requests) could be shown, or raise "
+            "--max-duration")
+    return out
 
 
 def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
@@ -796,8 +1007,9 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
             if search.evaluate(rate, "bracket") != "pass":
                 return
     else:
+        search.check_floor()
         while search.left > 0:
-            nxt = rate / 2.0
+            nxt = rate * _down_factor(search, rate)
             cap = search.cap_est
             if cap is not None and cap < nxt:
                 nxt = cap  # an overloaded probe showed the capacity: the ceiling is below
@@ -808,6 +1020,26 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
             rate = nxt
             if search.evaluate(rate, "bracket") == "pass":
                 return
+
+
+def _down_factor(search: _Search, rate: float) -> float:
+    """How far below a rate that did not pass to try next.  A test that ran to its cap
+    undecided, its exceedance under the allowance, or one that failed by little, says
+    the ceiling is close below: a short step keeps the bracket tight, and the next
+    test pools this one's evidence.  A clear fail halves the rate."""
+    at = [p for p in search.probes if p.rate == rate and p.phase not in UNCOUNTED]
+    ev = at[-1].evidence if at else None
+    if ev is None or at[-1].overloaded or not ev.limits:
+        return 0.5
+    worst = max((lim.exceedance / (1.0 - _percentile(search.slo, lim.label) / 100.0)
+                 for lim in ev.limits if lim.n), default=math.inf)
+    if at[-1].verdict == "inconclusive" and worst < 1.0:
+        return 0.85
+    return 0.7 if worst <= 2.0 else 0.5
+
+
+def _percentile(slo: SLO, label: str) -> float:
+    return next(lim.percentile for lim in slo.limits if lim.label == label)
 
 
 def _bisect(search: _Search, tol: float) -> None:
@@ -953,9 +1185,13 @@ class BackendProbe:
     ``trial.probe``: warm-up, measured window, overload pruner, summary.
 
     ``pool`` holds the requests; a probe of ``n`` takes ``warmup`` of them for warm-up
-    and the next ``n`` as measured requests (cycling when the pool is short).  Every
-    rate gets the same seed and requests (common random numbers); ``repeat=k`` draws a
-    new seed and a new order.  On a real server, ``drain`` waits between probes until
+    and the next ``n`` as measured requests (cycling when the pool is short).  A test
+    sized by time takes its measured requests where the previous one stopped, with an
+    arrival seed of its own: the tests of a search judge different requests, so that
+    one test's evidence can count toward another's (``prior``) as independent data,
+    and a pool's few longest replies are not judged again at every rate.  Fixed-count
+    tests get the same seed and requests at every rate; ``repeat=k`` draws a new seed
+    and a new order.  On a real server, ``drain`` waits between probes until
     ``/metrics`` shows nothing running or waiting, so no backlog carries over; the
     server is never restarted between probes.
     """
@@ -983,6 +1219,12 @@ class BackendProbe:
         self.drain_s = 0.0  # total seconds spent draining
         self.drain_note: str | None = None
         self.results: list[Any] = []  # every TrialResult, for callers that want records
+        # Where the next test sized by time starts in the pool, and how many ran.
+        self.cursor = 0
+        self.timed_tests = 0
+        # Each result's (cursor, test) as ``plan``'s ``at`` replays it (None: not sized
+        # by time), beside ``results``.
+        self.pool_ats: list[tuple[int, int] | None] = []
         # autotune.verdict.SteadyState: each finite-rate probe is sized by time and
         # judged on steady-state evidence; None: ``n`` measured requests.
         self.steady = steady
@@ -992,30 +1234,55 @@ class BackendProbe:
         # Sees (rate, Evidence) at each judgement of a running test (progress lines).
         self.on_evidence = on_evidence
 
-    def plan(self, n: int, repeat: int = 0, rate: float = math.inf) -> Any:
+    def light_plan(self, n: int) -> Any:
+        """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
+        short warm-up; judged on its samples, not on a steady-state verdict."""
+        from autotune.trial import LoadPlan
+
+        picks = [self.pool[i % len(self.pool)] for i in range(n + FLOOR_CONCURRENCY)]
+        return LoadPlan(slo=self.slo, requests=picks[FLOOR_CONCURRENCY:],
+                        warmup_requests=picks[:FLOOR_CONCURRENCY], warmup=FLOOR_CONCURRENCY,
+                        seed=self.seed, window_s=self.window_s,
+                        request_timeout_s=self.request_timeout_s,
+                        max_concurrency=FLOOR_CONCURRENCY)
+
+    def plan(self, n: int, repeat: int = 0, rate: float = math.inf,
+             at: Sequence[int] | None = None) -> Any:
+        """The load plan of the next test; ``at`` (a Probe's ``pool_at``: where in the
+        pool it started, and which timed test it was) replays an earlier one."""
         from autotune.trial import LoadPlan
 
         order = list(range(len(self.pool)))
         if repeat:
             order = np.random.default_rng([self.seed, repeat]).permutation(order).tolist()
         picks = [self.pool[order[i % len(order)]] for i in range(self.warmup + n)]
+        seed = self.seed + 7919 * repeat
         if self.steady is not None and math.isfinite(rate):
-            # Sized by time: the whole pool, cycled as far as the test runs.
-            measured = [self.pool[order[(self.warmup + i) % len(order)]]
+            # Sized by time: the whole pool from where the last test stopped, cycled as
+            # far as the test runs.
+            cursor, tests = (self.cursor, self.timed_tests) if at is None else at
+            start = self.warmup + cursor
+            measured = [self.pool[order[(start + i) % len(order)]]
                         for i in range(len(order))]
+            seed += 104729 * tests
         else:
             measured = picks[self.warmup:]
         return LoadPlan(slo=self.slo, requests=measured,
                         warmup_requests=picks[: self.warmup], warmup=self.warmup,
-                        seed=self.seed + 7919 * repeat, window_s=self.window_s,
+                        seed=seed, window_s=self.window_s,
                         request_timeout_s=self.request_timeout_s,
                         steady=self.steady if math.isfinite(rate) else None)
 
-    def __call__(self, rate: float, n: int, *, repeat: int = 0) -> ProbeResult:
+    def __call__(self, rate: float, n: int, *, repeat: int = 0,
+                 prior: tuple[tuple[str, int, int, float], ...] = (),
+                 light: bool = False) -> ProbeResult:
         from autotune.trial import PRUNED, probe
 
         before = float(getattr(self.backend, "server_s", 0.0))
-        plan = self.plan(n, repeat, rate)
+        plan = self.light_plan(n) if light else self.plan(n, repeat, rate)
+        if prior and plan.steady is not None:
+            plan = dataclasses.replace(plan, steady=dataclasses.replace(plan.steady,
+                                                                        prior=prior))
         if self.deadline_s is not None:
             left = self.deadline_s - before
             if left <= 0:
@@ -1025,9 +1292,16 @@ class BackendProbe:
         # The saturation probe sends everything at once: nothing to prune.
         seen = self.on_evidence
         result = probe(self.backend, self.flags, rate, plan,
-                       prune=self.prune and math.isfinite(rate),
+                       prune=self.prune and math.isfinite(rate) and not light,
                        on_evidence=None if seen is None else (lambda ev: seen(rate, ev)))
         self.results.append(result)
+        pool_at: tuple[int, int] | None = None
+        if plan.steady is not None and not light:
+            pool_at = (self.cursor, self.timed_tests)
+            self.timed_tests += 1
+            self.cursor += sum(1 for r in result.records
+                               if not r.warmup and r.sent_s is not None)
+        self.pool_ats.append(pool_at)
         if result.summary is None or result.reason == "crashed":
             raise CeilingError(
                 f"the probe at {_rate(rate)} req/s could not run "
@@ -1040,8 +1314,9 @@ class BackendProbe:
             summary=result.summary, pruned=pruned,
             prune_reason=f"{result.reason}: {result.detail}" if pruned else None,
             gpu_util=None if util is None else util / 100.0, server_s=server_s,
-            completion_rate=completion_rate(result.records), evidence=result.evidence,
-            budget_cut=result.budget_cut)
+            completion_rate=(completion_rate(result.records) if math.isfinite(rate)
+                             else busy_rate(result.records)), evidence=result.evidence,
+            budget_cut=result.budget_cut, pool_at=pool_at)
 
     def _drain(self) -> float:
         if not self.drain:

@@ -51,6 +51,23 @@ class LightTest:
         return cls(trial=trial, rate=float(rate), observed_s=observed, kept_up=kept)
 
 
+def light_tests_of(trial: int, probes: Sequence[Mapping[str, object]]) -> list[LightTest]:
+    """A trial's light-load floor tests (``Probe.to_dict()`` of phase "floor": at most
+    two requests in flight, so nothing queues), at the rate they served."""
+    out = []
+    for p in probes:
+        checks = p.get("checks")
+        served = p.get("request_throughput")
+        if p.get("phase") != "floor" or not isinstance(checks, list) or not isinstance(
+                served, int | float):
+            continue
+        observed = {str(c["label"]): float(c["observed_s"]) for c in checks
+                    if isinstance(c, Mapping) and isinstance(c.get("observed_s"), int | float)}
+        out.append(LightTest(trial=trial, rate=float(served), observed_s=observed,
+                             kept_up=True))
+    return out
+
+
 @dataclass(frozen=True, kw_only=True)
 class Floor:
     """A limit that the lightest load tested, kept up with, still missed."""

@@ -304,11 +304,11 @@ def _check_storage_url(url: str) -> None:
 
 def _workload(o: SearchOptions, plan: Plan) -> Any:
     from autotune.tokenizer import load_tokenizer
-    from autotune.workload import load_sharegpt
+    from autotune.workload import load_sharegpt, pool_size
 
     tok = load_tokenizer(o.tokenizer)
     mml = _sample_max_len(o, plan)
-    return load_sharegpt(tokenizer=tok, num_prompts=o.num_prompts + o.warmup,
+    return load_sharegpt(tokenizer=tok, num_prompts=pool_size(o.num_prompts) + o.warmup,
                          max_model_len=mml, seed=o.seed)
 
 
@@ -703,10 +703,12 @@ def _views(study: Any) -> list[Any]:
 def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
     """When no config met the SLO: is a limit missed even where a config kept up with
     the load (so a lower rate cannot help)?  From each trial's lowest-rate test."""
-    from autotune.floor import LightTest, advice, floors
+    from autotune.floor import LightTest, advice, floors, light_tests_of
     from autotune.record import stored_trials
 
-    tests = [LightTest.of(t.number, t.rate, t.evidence) for t in stored_trials(study)]
+    trials = stored_trials(study)
+    tests = [LightTest.of(t.number, t.rate, t.evidence) for t in trials]
+    tests += [lt for t in trials for lt in light_tests_of(t.number, t.probes(trials))]
     under = floors(slo, [t for t in tests if t is not None])
     if not under:
         return None

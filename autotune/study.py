@@ -412,14 +412,21 @@ class Objective:
         return None, False, "a saturation probe (no incumbent yet)", None
 
     def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
-        from autotune.ceiling import BackendProbe, BudgetSpent, CeilingError, find_ceiling
+        from autotune.ceiling import (
+            BackendProbe,
+            BudgetSpent,
+            CeilingError,
+            find_ceiling,
+            search_steady,
+        )
 
         start, must_pass, why, floor = self.start_rate(trial, flags)
         plan = self.plan
         pool = list(plan.warmup_requests) + list(plan.requests)
         probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
                              seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s, steady=plan.steady,
+                             request_timeout_s=plan.request_timeout_s,
+                             steady=search_steady(plan.steady, self.s.max_probes),
                              deadline_s=self.deadline_s)
         progress = self.on_progress
         if progress is not None:
@@ -435,7 +442,9 @@ class Objective:
                 probe, slo=plan.slo, start_rate=start, tol=self.s.tol,
                 max_probes=self.s.max_probes, num_prompts=max(len(plan.requests), 1),
                 max_num_prompts=max(len(plan.requests), 2400), headroom=self.s.headroom,
-                min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe)
+                min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe,
+                lowest_rate=(None if plan.steady is None
+                             else plan.steady.lowest_rate(plan.slo)))
             if not ceiling.probes:  # the budget ran out before the first load test
                 raise BudgetSpent(ceiling.sentence())
         except (CeilingError, TrialFailed) as exc:

@@ -3,22 +3,27 @@
 The ceiling search's probes last a minute or more each; the answer a user deploys
 must hold for an hour.  So the cap is run once more for ``duration_s`` (5 minutes by
 default, the seed chapter's rule; virtual time on the simulator), judged by the same
-steady-state verdict with the minimum duration set to the whole run.  A cap that does
+steady-state verdict with the minimum duration set to the whole run (and its cap as
+long as the limits' sequential tests need at that rate, within the hard cap).  A cap that does
 not pass steps down 5% and is run again, and the output says so.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.trial import Backend, LoadPlan, TrialResult, evaluate
 from autotune.verdict import PASS, SteadyState
 
+# Pooled evidence per limit: (label, requests, exceedances, clustering).
+Prior = tuple[tuple[str, int, int, float], ...]
 DEFAULT_VALIDATE_S = 300.0
 STEP_DOWN = 0.05
+# Runs at most: the cap and its step-downs (each one pooled pass decision).
+VALIDATION_RUNS = 3
 
 
 @dataclass(frozen=True)
@@ -97,23 +102,37 @@ def validate_cap(
     plan: LoadPlan,
     *,
     duration_s: float = DEFAULT_VALIDATE_S,
-    max_steps: int = 4,
+    max_steps: int = VALIDATION_RUNS - 1,
+    prior_for: Callable[[float], Prior] | None = None,
     on_run: Callable[[ValidationRun], None] | None = None,
     on_result: Callable[[TrialResult], None] | None = None,
 ) -> Validation:
     """Run ``flags`` at ``cap`` for ``duration_s``; on a fail or an inconclusive run,
-    step the rate down 5% and run again (at most ``max_steps`` more times)."""
+    step the rate down 5% and run again (at most ``max_steps`` more times).
+
+    ``prior_for(rate)``: the ceiling search's evidence at rates at or above ``rate``
+    (``ceiling.lent_evidence``); each run pools it with what the earlier runs lend."""
     if not (cap > 0 and math.isfinite(cap)):
         raise ValueError(f"the cap to validate must be a positive rate, got {cap}")
     if not duration_s > 0:
         raise ValueError(f"validation duration must be > 0 s, got {duration_s}")
     base = plan.steady or SteadyState()
-    steady = replace(base, min_duration_s=duration_s, max_duration_s=duration_s)
+    # At least the whole duration; longer when the limits' sequential tests need more
+    # requests at this rate (up to the hard cap).  The plan's ``prior`` (the ceiling
+    # search's tests at rates at or above the cap) and ``looks`` (its share of the
+    # search's false-pass rate) come with it: each run is one more pooled look.
+    steady = replace(base, min_duration_s=duration_s, max_duration_s=None)
     long_plan = replace(plan, steady=steady)
     out = Validation(duration_s=duration_s)
     rate = cap
+    lent: list[Prior] = []
     for _ in range(max_steps + 1):
-        res = evaluate(backend, flags, rate, long_plan)
+        prior = merge_prior([prior_for(rate) if prior_for is not None else (), *lent])
+        res = evaluate(backend, flags, rate,
+                       replace(long_plan, steady=replace(steady, prior=prior)))
+        if res.evidence is not None:
+            lent.append(tuple((lim.label, lim.lend_n, lim.lend_exceed, lim.dispersion)
+                              for lim in res.evidence.limits if lim.lend_n))
         run = _run_of(res, rate, backend.source)
         out.runs.append(run)
         if on_result is not None:  # the whole result, e.g. for experiments.csv
@@ -124,6 +143,16 @@ def validate_cap(
             break
         rate = round(rate * (1.0 - STEP_DOWN), 4)
     return out
+
+
+def merge_prior(parts: Sequence[Prior]) -> Prior:
+    """Pooled evidence from several sources, summed per limit (clustering: the most)."""
+    total: dict[str, list[float]] = {}
+    for part in parts:
+        for label, n, k, d in part:
+            got = total.setdefault(label, [0, 0, 1.0])
+            got[0], got[1], got[2] = got[0] + n, got[1] + k, max(got[2], d)
+    return tuple((label, int(v[0]), int(v[1]), float(v[2])) for label, v in total.items())
 
 
 def _run_of(res: TrialResult, rate: float, source: str) -> ValidationRun:

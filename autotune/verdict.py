@@ -2,29 +2,31 @@
 
 A load test passes only when its evidence would survive a run ten times longer:
 
-* each limit's percentile, and its one-sided upper confidence bound, are under the
-  limit, over the *judged cohort* (below);
+* each limit's sequential test (:mod:`autotune.sequential`) is shown safe: the share of
+  judged requests over the limit is, at 95% confidence, under the percentile's
+  allowance (1% for a P99), with an indifference zone at half of it;
 * over the steady part of the test (its second half), requests complete at no less
   than ``served_share`` (0.97) of the rate at which they arrive;
 * the backlog (requests sent and not finished) is not growing: the upper confidence
   bound of its least-squares slope is under ``backlog_share`` (2%) of the offered rate,
   so no overload larger than that can pass;
-* failures are within the percentile's allowance;
 * and the arrivals have lasted at least the minimum duration.
 
-It *fails* as soon as failing is certain: a limit's lower confidence bound is over the
-limit, more requests already broke a limit than the percentile allows for the whole
-planned test, or the backlog's slope is significantly above the allowance.  Anything
-else is *inconclusive*: the same test runs on (up to its cap), and an inconclusive test
-never counts as passing.
+The latency sample is never halved: stationarity (served vs arriving, the backlog's
+growth) is checked on its own, over the second half, and every judged request counts
+toward the limits' tests.  A test *fails* as soon as a limit's sequential test shows
+it unsafe, or the backlog's slope is significantly above the allowance.  Anything else
+is *inconclusive*: the test runs on (up to its time cap), and a test that reaches its
+cap without being shown safe never counts as passing.
 
-The judged cohort is every measured request scheduled at least ``horizon_s`` (the
-largest end-to-end or first-token limit) before ``now``.  A cohort request still in
-flight is older than every such limit, so it is certainly late: the cohort's
-end-to-end and first-token percentiles are exact even while the test runs, and the
-test can stop the moment its verdict is certain, cancelling what is in flight.
-A still-running request's TPOT is unknown: it counts as late for the upper bound
-(pass) and as on time for the lower bound (fail), so neither verdict is premature.
+The judged cohort is every measured request scheduled at least a horizon (the largest
+end-to-end or first-token limit; with a TPOT or ITL limit, also twice the slowest
+finished request's stay) before ``now``.  A cohort request still in flight is older
+than every end-to-end and first-token limit, so it certainly exceeds them and counts
+at once.  A still-running request's TPOT or ITL is unknown: it counts as over the limit
+for a pass and as under it for a fail, so neither verdict is premature.  Cohorts are
+chosen by arrival time, never by outcome, so a fast request cannot be judged before a
+slow one that arrived with it.
 """
 
 from __future__ import annotations
@@ -38,8 +40,11 @@ import numpy as np
 
 from autotune.errors import AutotuneError
 from autotune.metrics import quantile_upper_bound
-from autotune.pruning import allowed_late, backlog_trend
+from autotune.pruning import backlog_trend
 from autotune.records import RequestRecord
+from autotune.sequential import FAIL as SEQ_FAIL
+from autotune.sequential import PASS as SEQ_PASS
+from autotune.sequential import ExceedanceTest, clustering, requests_for_power
 from autotune.slo import SLO, Limit, quantile
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -66,17 +71,38 @@ def horizon(slo: SLO) -> float:
                default=0.0)
 
 
+# The longest a test runs by default, whatever its rate needs: the seed chapter's
+# 5-10 minute steady-state runs.  ``--max-duration`` overrides it.
+DEFAULT_HARD_CAP_S = 600.0
+# The share of tests at the safe exceedance that a default cap gives time to pass.
+DEFAULT_POWER = 0.8
+
+
+def limit_test(limit: Limit, rule: SteadyState | None = None) -> ExceedanceTest:
+    """The sequential test of one limit under ``rule``'s error rates (its false-pass
+    rate shared among ``rule.looks`` pass decisions)."""
+    false_pass = (1.0 - (rule.confidence if rule is not None else 0.95)) / (
+        rule.looks if rule is not None else 1)
+    false_fail = 1.0 - (rule.fail_confidence if rule is not None else 0.95)
+    return ExceedanceTest.for_percentile(limit.percentile, false_pass=false_pass,
+                                         false_fail=false_fail)
+
+
 @dataclass(frozen=True)
 class SteadyState:
     """How long a load test runs and what its pass needs.
 
     ``min_duration_s``: arrivals last at least this long before a pass (None: the
-    SLO's :func:`default_min_duration`); ``max_duration_s``: the cap an inconclusive
-    test may run on to (None: 3x the minimum); ``min_requests``: a pass also needs this
-    many measured arrivals (``--num-prompts``).  ``stop_when_failed``: a certain fail
+    SLO's :func:`default_min_duration`); ``max_duration_s``: the hard cap on a test's
+    arrivals (None: long enough for the limits' sequential tests to pass a safe rate
+    with 80% probability, at least 3x the minimum, at most 10 minutes);
+    ``min_requests`` (``--num-prompts``) only sizes fixed-count tests: a test sized by
+    time is never stretched past its cap for it.  ``stop_when_failed``: a certain fail
     ends the test at once (a search needs only the verdict); off, it runs on to the
     minimum duration like a pass (a sweep wants every point's figures over a full
     window, not over the few seconds a fail took to become certain).
+    ``confidence``: 1 - the largest chance that a limit passes when its true
+    exceedance is at its allowance; ``fail_confidence``: likewise for a fail at half.
     """
 
     min_duration_s: float | None = None
@@ -88,6 +114,14 @@ class SteadyState:
     backlog_share: float = 0.02
     check_every_s: float = 5.0
     stop_when_failed: bool = True
+    # Evidence pooled from tests at higher rates of the same config, per limit:
+    # (label, judged, over the limit, clustering).  Latency grows with the rate, so
+    # their exceedances bound this rate's from above: they count toward a pass here,
+    # never toward a fail (see autotune.ceiling).
+    prior: tuple[tuple[str, int, int, float], ...] = ()
+    # The pass decisions that share the false-pass rate 1 - confidence (Bonferroni):
+    # a ceiling search that may pass any of its tests, pooled, divides it among them.
+    looks: int = 1
 
     def __post_init__(self) -> None:
         lo, hi = self.min_duration_s, self.max_duration_s
@@ -100,6 +134,8 @@ class SteadyState:
                                f"({lo:g} s)")
         if self.min_requests < 0:
             raise VerdictError(f"minimum requests must be >= 0, got {self.min_requests}")
+        if self.looks < 1:
+            raise VerdictError(f"looks must be >= 1, got {self.looks}")
         for name in ("confidence", "fail_confidence"):
             if getattr(self, name) not in _Z:
                 raise VerdictError(f"{name} must be one of {sorted(_Z)}, got "
@@ -115,24 +151,47 @@ class SteadyState:
         return self.min_duration_s if self.min_duration_s is not None else (
             default_min_duration(slo))
 
+    def hard_cap_s(self, slo: SLO) -> float:
+        """No test's arrivals last longer than this, at any rate."""
+        if self.max_duration_s is not None:
+            return max(self.max_duration_s, self.min_s(slo))
+        return max(DEFAULT_HARD_CAP_S, 3.0 * self.min_s(slo))
+
+    def decide_n(self, slo: SLO) -> int:
+        """Judged requests by which a safe rate passes every limit with 80% chance."""
+        return max((requests_for_power(limit_test(lim, self), DEFAULT_POWER)
+                    for lim in slo.limits), default=0)
+
+    def pass_n(self, slo: SLO) -> int:
+        """The fewest judged requests that can pass every limit."""
+        return max((limit_test(lim, self).min_pass_n() for lim in slo.limits), default=0)
+
     def max_s(self, slo: SLO, rate: float | None = None) -> float:
-        """The cap on a test's arrivals; at ``rate``, never shorter than what
-        ``min_requests`` need (with room to run on past them)."""
-        cap = (max(self.max_duration_s, self.min_s(slo)) if self.max_duration_s is not None
-               else 3.0 * self.min_s(slo))
-        if rate is not None and rate > 0 and math.isfinite(rate) and self.min_requests:
-            cap = max(cap, 1.5 * self.min_requests / rate)
-        return cap
+        """The cap on a test's arrivals at ``rate``: ``max_duration_s`` when given,
+        else what the limits' tests need at that rate, within [3x the minimum, the
+        hard cap]."""
+        if self.max_duration_s is not None:
+            return max(self.max_duration_s, self.min_s(slo))
+        floor = 3.0 * self.min_s(slo)
+        if rate is None or not (rate > 0 and math.isfinite(rate)):
+            return floor
+        need = self.decide_n(slo) / rate + horizon(slo)
+        return min(max(floor, need), self.hard_cap_s(slo))
+
+    def lowest_rate(self, slo: SLO) -> float:
+        """The lowest rate at which a test can pass within its hard cap: below it, the
+        arrivals of the whole cap are fewer than the limits' tests need."""
+        span = self.hard_cap_s(slo) - horizon(slo)
+        return self.pass_n(slo) / span if span > 0 else math.inf
 
     def arrivals_for(self, slo: SLO, rate: float) -> int:
         """Measured requests a test at ``rate`` plans (it may stop sooner): enough for
-        the cap's duration and for ``min_requests``."""
+        the cap's duration."""
         if math.isinf(rate):
             return max(self.min_requests, 1)
         # Two seconds past the cap, so the stop rule ends the test at the cap rather
         # than the schedule running out a hair before it.
-        return max(int(math.ceil(rate * (self.max_s(slo, rate) + 2.0))) + 1,
-                   self.min_requests, 1)
+        return max(int(math.ceil(rate * (self.max_s(slo, rate) + 2.0))) + 1, 1)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -140,38 +199,46 @@ class SteadyState:
 
 @dataclass(frozen=True)
 class LimitEvidence:
-    """One limit over the judged cohort: its percentile (pessimistic: unknown values as
-    late), the one-sided upper bound, and the lower bound (optimistic)."""
+    """One limit over the judged cohort: its sequential test's counts and decision,
+    and, for the reader, the percentile (pessimistic: unknown values as over), its
+    one-sided upper bound, and the lower bound (optimistic)."""
 
     label: str
     threshold_s: float
     observed_s: float
     upper_s: float
     lower_s: float
-    n: int
-    late: int
-    allowed: int
-    # The same over the steady part alone (the second half of the arrivals): the
-    # first minutes' lighter queue must not dilute the tail.
-    steady_observed_s: float = math.inf
-    steady_upper_s: float = math.inf
-    steady_n: int = 0
+    n: int  # judged values (requests; gaps for ITL)
+    late: int  # certainly over the limit
+    allowed: int  # the most over the limit that would pass now (-1: none yet)
+    exceed: int = 0  # over the limit or unknown (what a pass must survive)
+    dispersion: float = 1.0  # the clustering the test deflated its evidence by
+    decision: str = "open"  # the sequential test's: pass, fail or open
+    to_pass: int | None = None  # more values, none over, before it passes
+    # With evidence pooled from higher rates (SteadyState.prior): the totals a pass
+    # was judged on (0: nothing pooled).
+    pooled_n: int = 0
+    pooled_exceed: int = 0
+    # What this test lends to a pooled test at a lower rate (sequential.lent).
+    lend_n: int = 0
+    lend_exceed: int = 0
 
     @property
     def passes(self) -> bool:
-        """The cohort's percentile and bound, and the steady half's percentile, under
-        the limit; the steady half's bound too once it has samples enough to be finite
-        (a p99 needs 368), so a long test at a low rate is not held back for it."""
-        half_bound = self.steady_upper_s if math.isfinite(self.steady_upper_s) else 0.0
-        return max(self.observed_s, self.upper_s, self.steady_observed_s,
-                   half_bound) <= self.threshold_s
+        return self.decision == SEQ_PASS
 
     @property
     def fails(self) -> bool:
-        return self.lower_s > self.threshold_s
+        return self.decision == SEQ_FAIL
+
+    @property
+    def exceedance(self) -> float:
+        return self.exceed / self.n if self.n else math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: _num(v) for k, v in asdict(self).items()}
+        out = {k: _num(v) for k, v in asdict(self).items()}
+        out["exceedance"] = _num(self.exceedance)
+        return out
 
 
 @dataclass(frozen=True)
@@ -200,6 +267,8 @@ class Evidence:
     # in flight).
     sent: int = 0
     completed: int = 0
+    # How old a request must be to be judged (see cohort_horizon).
+    horizon_s: float = 0.0
 
     @property
     def served_share(self) -> float:
@@ -318,8 +387,8 @@ def judge(
 ) -> Evidence:
     """The verdict at ``now`` over measured ``records`` (warm-up ones are dropped).
 
-    ``planned``: measured requests the whole test would send (for the exact
-    already-too-many-late rule); ``final``: the test is over (arrivals stopped, so
+    ``planned``: measured requests the whole test would send (kept for callers; the
+    sequential tests need no plan); ``final``: the test is over (arrivals stopped, so
     whatever is not certain now is inconclusive, never pass by default).
     """
     measured = [r for r in records if not r.warmup]
@@ -332,44 +401,24 @@ def judge(
     # After the arrivals end, time is drain: judge the arrival span only.
     t_end = min(now, last_arrival) if final else now
     at_s = max(t_end - t0, 0.0)
-    h = horizon(slo)
+    h = cohort_horizon(slo, a)
     nothing_running = bool(np.all(a.ok | a.failed))
     cutoff = now - h
     idx = np.nonzero((a.sched <= cutoff) | (final & nothing_running))[0]
+    idx = idx[np.argsort(a.sched[idx], kind="stable")]  # arrival order, for clustering
     reasons: list[str] = []
     fails: list[str] = []
     limits: list[LimitEvidence] = []
-    planned_n = max(planned or 0, len(measured))
-    # The steady part: the second half of the arrivals so far.
+    # The steady part: the second half of the arrivals so far (stationarity only).
     steady_from = t0 + 0.5 * at_s
-    half = idx[a.sched[idx] > steady_from]
     for limit in slo.limits:
-        if idx.size == 0:
-            limits.append(LimitEvidence(limit.label, limit.threshold_s, math.inf, math.inf,
-                                        -math.inf, 0, 0, 0))
-            continue
-        hi, lo = _limit_values(a, idx, limit, now)
-        observed = quantile(hi, limit.percentile) if hi.size else math.inf
-        upper = quantile_upper_bound(hi, limit.percentile, rule.confidence)
-        hi_half, _ = _limit_values(a, half, limit, now) if half.size else (np.zeros(0), None)
-        steady_obs = quantile(hi_half, limit.percentile) if hi_half.size else math.inf
-        steady_up = quantile_upper_bound(hi_half, limit.percentile, rule.confidence)
-        lower = _lower_bound(lo, limit.percentile, rule.fail_confidence) if lo.size else (
-            -math.inf)
-        late = int(np.sum(lo > limit.threshold_s))
-        allowed = allowed_late(hi.size, limit.percentile)
-        ev = LimitEvidence(limit.label, limit.threshold_s, float(observed), float(upper),
-                           float(lower), int(hi.size), late, allowed, float(steady_obs),
-                           float(steady_up), int(hi_half.size))
+        ev = _limit_evidence(a, idx, limit, now, rule)
         limits.append(ev)
         if ev.fails:
-            fails.append(f"{limit.label}: {_s(lower)} is a {rule.fail_confidence:.0%} lower "
-                         f"bound over {_s(limit.threshold_s)}")
-        elif limit.metric in ("e2e", "ttft", "tpot") and late > allowed_late(
-                planned_n, limit.percentile):
-            fails.append(f"{limit.label}: {late} requests already late, more than the "
-                         f"{allowed_late(planned_n, limit.percentile)} that "
-                         f"{planned_n} planned requests allow")
+            fails.append(f"{limit.label}: {ev.late} of {ev.n} over {_s(limit.threshold_s)} "
+                         f"({ev.late / max(ev.n, 1):.2%}, clustering x{ev.dispersion:.2g}) "
+                         f"show with {rule.fail_confidence:.0%} confidence that more than "
+                         f"{limit_test(limit, rule).allowance:.1%} exceed it")
 
     arr_n = int(np.sum((a.sched > steady_from) & (a.sched <= t_end)))
     done_n = int(np.sum((a.end > steady_from) & (a.end <= t_end)))
@@ -422,14 +471,18 @@ def judge(
         need: list[str] = []
         for ev in limits:
             if not ev.passes:
-                need.append(f"{ev.label}: {_s(ev.observed_s)}, {rule.confidence:.0%} upper "
-                            f"bound {_s(ev.upper_s)} over {ev.n} requests (steady half "
-                            f"{_s(ev.steady_observed_s)}, bound {_s(ev.steady_upper_s)} over "
-                            f"{ev.steady_n}), limit {_s(ev.threshold_s)}")
+                more = ("" if ev.to_pass is None
+                        else f"; {ev.to_pass} more under it would pass")
+                if ev.pooled_n:
+                    more += (f" (pooled with higher rates: {ev.pooled_exceed} of "
+                             f"{ev.pooled_n})")
+                need.append(f"{ev.label}: {ev.exceed} of {ev.n} over {_s(ev.threshold_s)} "
+                            f"({_pct(ev.exceedance)}, P{_p(ev)} {_s(ev.observed_s)}, "
+                            f"clustering x{ev.dispersion:.2g}): not yet shown under "
+                            f"{limit_test(_limit(slo, ev.label), rule).allowance:.1%}"
+                            f"{more}")
         if at_s < min_s:
             need.append(f"arrivals have run {at_s:.0f} of the {min_s:.0f} s minimum")
-        if len(measured) < rule.min_requests:
-            need.append(f"{len(measured)} of the {rule.min_requests} requests minimum")
         # Completions trail arrivals by the change in backlog over the span, which
         # wanders by a few times the square root of its level in a stable queue.
         slack = 3.0 * math.sqrt(mean_backlog + 1.0) if span > 0 else 0.0
@@ -447,9 +500,9 @@ def judge(
             verdict, reasons = INCONCLUSIVE, need
         else:
             verdict = PASS
-            reasons = [", ".join(f"{ev.label} {_s(ev.observed_s)} (bound {_s(ev.upper_s)}; "
-                                 f"steady half {_s(ev.steady_observed_s)}, bound "
-                                 f"{_s(ev.steady_upper_s)})" for ev in limits)
+            reasons = [", ".join(f"{ev.label} {_s(ev.observed_s)}, {ev.exceed} of {ev.n} "
+                                 f"over {_s(ev.threshold_s)} ({_pct(ev.exceedance)}, "
+                                 f"clustering x{ev.dispersion:.2g})" for ev in limits)
                        + f" over {idx.size} requests; served {served_rate:.3g} of "
                        f"{arrival_rate:.3g} req/s; backlog slope {slope or 0.0:.2g} req/s "
                        f"(bound {upper_slope or 0.0:.2g} < {allowed_slope:.2g})"]
@@ -459,9 +512,67 @@ def judge(
         arrival_rate=arrival_rate, served_rate=served_rate, backlog_slope=slope,
         backlog_upper=upper_slope, backlog_lower=lower_slope, backlog_allowed=allowed_slope,
         failures=n_failed, goodput_requests=goodput_req, goodput_tokens=goodput_tok,
-        steady_from_s=steady_from - t0, min_duration_s=min_s,
+        steady_from_s=steady_from - t0, min_duration_s=min_s, horizon_s=h,
         sent=int(np.count_nonzero(a.sent <= now)),
         completed=int(np.count_nonzero(a.end <= now)))
+
+
+def cohort_horizon(slo: SLO, a: _Arrays | None = None) -> float:
+    """How long after its arrival a request is judged: the end-to-end and first-token
+    horizon; with a TPOT or ITL limit also twice the longest stay of the requests
+    finished so far, so the cohort's TPOTs are known but for a stray few."""
+    h = horizon(slo)
+    if a is not None and any(lim.metric in ("tpot", "itl") for lim in slo.limits):
+        stays = a.end[a.ok] - a.sent[a.ok]
+        if stays.size:
+            h = max(h, 2.0 * float(stays.max()))
+    return h
+
+
+def _limit_evidence(a: _Arrays, idx: np.ndarray, limit: Limit, now: float,
+                    rule: SteadyState) -> LimitEvidence:
+    """One limit's sequential test over the cohort ``idx`` (in arrival order)."""
+    test = limit_test(limit, rule)
+    if idx.size == 0:
+        return LimitEvidence(limit.label, limit.threshold_s, math.inf, math.inf, -math.inf,
+                             0, 0, -1, to_pass=test.min_pass_n())
+    hi, lo = _limit_values(a, idx, limit, now)
+    n = int(hi.size)
+    k_hi = int(np.sum(hi > limit.threshold_s))
+    k_lo = int(np.sum(lo > limit.threshold_s))
+    d = clustering(hi, limit.threshold_s)
+    observed = quantile(hi, limit.percentile) if n else math.inf
+    upper = quantile_upper_bound(hi, limit.percentile, rule.confidence)
+    lower = _lower_bound(lo, limit.percentile, rule.fail_confidence) if lo.size else -math.inf
+    decision = test.decide(n, k_hi, k_lo, d)
+    pn = pk = 0
+    pd = d
+    for label, n_prior, k_prior, d_prior in rule.prior:
+        if label == limit.label:
+            pn, pk, pd = pn + n_prior, pk + k_prior, max(pd, d_prior)
+    if pn and decision != SEQ_FAIL:
+        # A fail needs this rate's own evidence; a pass may lean on the higher rates'.
+        pooled = test.decide(n + pn, k_hi + pk, 0, pd)
+        decision = SEQ_PASS if pooled == SEQ_PASS else decision
+    to_pass = test.requests_to_pass(n + pn, k_hi + pk, pd)
+    lend_n, lend_k = test.lent(hi > limit.threshold_s)
+    return LimitEvidence(
+        limit.label, limit.threshold_s, float(observed), float(upper), float(lower), n,
+        k_lo, test.pass_count(n + pn, pd) - pk, exceed=k_hi, dispersion=d,
+        decision=decision, to_pass=to_pass, pooled_n=n + pn if pn else 0,
+        pooled_exceed=k_hi + pk if pn else 0, lend_n=lend_n, lend_exceed=lend_k)
+
+
+def _limit(slo: SLO, label: str) -> Limit:
+    return next(lim for lim in slo.limits if lim.label == label)
+
+
+def _pct(x: float) -> str:
+    return "?" if math.isnan(x) else f"{x:.2%}"
+
+
+def _p(ev: LimitEvidence) -> str:
+    return ev.label.split(":")[0][1:]
 
 
 def _good_mask(a: _Arrays, idx: np.ndarray, slo: SLO) -> np.ndarray:

@@ -33,6 +33,7 @@ __all__ = [
     "fixed_prompt_workload",
     "load_sharegpt",
     "load_tokenizer",
+    "pool_size",
     "read_sharegpt",
     "sample_lengths",
     "sample_sharegpt",
@@ -55,6 +56,19 @@ class Workload:
     source: str  # e.g. "sharegpt (ShareGPT_V3_unfiltered_cleaned_split.json)"
     tokenizer: str  # which tokenizer counted the tokens, said in every output
     notes: list[str] = field(default_factory=list)  # e.g. "file ended early: ..."
+
+
+# Distinct requests a search or ceiling draws at least (ShareGPT holds about 15,000
+# usable ones).  Each load test sized by time takes up where the last one stopped, so
+# the tests judge the workload's tail and not a thousand requests' few longest replies
+# again and again, and one test's evidence is independent of another's.
+POOL_REQUESTS = 10000
+
+
+def pool_size(num_prompts: int) -> int:
+    """Requests to draw for tests sized by time: ``--num-prompts``, at least
+    POOL_REQUESTS (a dataset with fewer gives what it has)."""
+    return max(int(num_prompts), POOL_REQUESTS)
 
 
 # --------------------------------------------------------------------------- ShareGPT

@@ -91,6 +91,9 @@ BENCHMARKS = [
           "twin_recovery.py", "output"),
     Bench("workload_load", "Workload build time", "workload_load.py", "text",
           smoke_flag=False),
+    # Pure: the sequential test's error rates and sample sizes (a minute or two).
+    Bench("verdict_oc", "8. The verdict's operating characteristic", "verdict_oc.py",
+          "output"),
 ]
 
 

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import metric_agreement  # noqa: E402
 import tool_comparison  # noqa: E402
 import twin_recovery  # noqa: E402
+import verdict_oc  # noqa: E402
 
 from benchmarks import __main__ as bench_main  # noqa: E402
 from benchmarks.results import (  # noqa: E402
@@ -234,3 +235,18 @@ def test_twin_recovery_smoke(tmp_path: Path) -> None:
     assert res["by_k"][-1]["fit_rms_log_error"] is not None
     lines = twin_recovery.markdown(data)
     assert any(line.startswith("**Headline (same run):") for line in lines)
+
+
+def test_verdict_oc_smoke_keeps_the_contract(tmp_path: Path) -> None:
+    """The page's table: exact P(pass) <= 5% at the allowance, alone and in a search,
+    and the clustering correction keeping a near-capacity queue from passing."""
+    out = tmp_path / "oc.json"
+    assert verdict_oc.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    for key in ("p99", "p99_in_a_search"):
+        at = {r["share"]: r for r in data["exact"][key]}
+        assert at[1.0]["p_pass"] <= 0.05 and at[0.5]["p_pass"] > 0.9
+    corrected = [r for r in data["queue"] if r["clustering"] and r["share"] == 1.0]
+    assert corrected and all(r["p_pass"] <= 0.1 for r in corrected)
+    page = "\n".join(verdict_oc.markdown(data))
+    assert "| 1.00 | 1.00% |" in page and "clustering correction" in page

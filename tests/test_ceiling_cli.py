@@ -33,7 +33,7 @@ def test_sim_ceiling_prints_table_and_writes_json_and_csv(tmp_path: Path) -> Non
     assert "simulated, virtual time" in stdout  # the table says how it was obtained
     assert "saturation" in stdout and "PASS" in stdout
     answer = [line for line in stdout.splitlines() if line.startswith("simulated: sustains")]
-    assert len(answer) == 1 and "cap at" in answer[0] and "95% bound" in answer[0]
+    assert len(answer) == 1 and "cap at" in answer[0] and "95% confidence" in answer[0]
     assert "1 req/s step-down" in stdout
     data = json.loads(out.read_text())
     assert data["answer"] == answer[0]
@@ -45,8 +45,8 @@ def test_sim_ceiling_prints_table_and_writes_json_and_csv(tmp_path: Path) -> Non
     assert data["infeasible_min"] is None or data["infeasible_min"] > data["feasible_max"]
     passing = [p for p in data["probes"] if p["verdict"] == "pass"]
     assert max(p["rate"] for p in passing) == data["feasible_max"]
-    for p in passing:  # every pass holds with its bound, not only the point estimate
-        assert all(c["bound_s"] <= c["threshold_s"] for c in p["checks"])
+    for p in passing:  # every pass is its limits' sequential tests' pass
+        assert all(lim["decision"] == "pass" for lim in p["evidence"]["limits"])
     table = list(csv.DictReader(rows.open()))
     assert len(table) == len(data["probes"])
     assert {r["limit"] for r in table} == {"p99:e2e"}
@@ -88,13 +88,20 @@ def test_param_and_flags_reach_the_simulator(tmp_path: Path) -> None:
     assert data["search_probes"] == 3
 
 
-def test_slo_no_rate_meets_exits_1_with_the_sentence(tmp_path: Path) -> None:
+def test_an_slo_under_the_latency_floor_stops_at_once_and_keeps_the_evidence(
+        tmp_path: Path) -> None:
+    """Every request takes longer than 50 ms: after the first fail, the light-load
+    test says no rate can meet it, instead of halving the rate toward zero; the
+    output file keeps every probe."""
     out = tmp_path / "c.json"
     code, stdout, stderr = ceiling("--slo-p99", "50ms", "--start-rate", "2",
                                    "--min-rate", "0.5", *SMALL, "--output", str(out))
     assert code == 1
-    assert "even 0.5 req/s misses the SLO; the config cannot meet it" in stderr
-    assert not out.exists()
+    assert "no rate can meet the SLO" in stderr and "light load" in stderr
+    data = json.loads(out.read_text())
+    assert data["below_floor"] and not data["feasible"]
+    assert [p["phase"] for p in data["probes"]] == ["bracket", "floor"]
+    assert data["search_probes"] == 1
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -285,8 +285,9 @@ def test_observations_from_a_stored_trial(tmp_path: Path) -> None:
                                                   rel=1e-6)
     # The requests are those the study's plan sends at that rate.
     assert obs[0].prompt_tokens == tuple(
-        r.prompt_tokens for r in sent_requests(probe.plan(len(plan.requests), 0, rate),
-                                               rate)[: len(obs[0].prompt_tokens)])
+        r.prompt_tokens for r in sent_requests(
+            probe.plan(len(plan.requests), 0, rate, at=probe.pool_ats[-1]),
+            rate)[: len(obs[0].prompt_tokens)])
     # No records: nothing to fit, and no error.
     bare = StoredTrial(number=4, state="COMPLETE", attrs={"result": {"rate": rate}})
     assert observations_from_stored(bare, plan) == []

@@ -203,15 +203,15 @@ def test_resume_with_another_slo_is_refused(tmp_path: Path) -> None:
         run_study(other, SimBackend("4xa100-80gb", "llama-3-8b"), _plan(50))
 
 
-@pytest.mark.parametrize("budget", [150.0, 400.0, 450.0])
+@pytest.mark.parametrize("budget", [150.0, 1270.0, 1330.0])
 def test_budget_cuts_the_running_load_test_and_labels_the_partial_answer(
         tmp_path: Path, budget: float) -> None:
     """--budget ends the study within one window (1 s) of its end, even in the middle of
     a trial's load test: that test is cut there, counts as what its evidence supports,
     and the trial's answer says it is partial.  150 s ends the first trial's search
-    mid-way; 450 s ends inside the second trial's first test; with 400 s, the 51 s left
-    after the first trial (349 s) are less than one test's 60 s minimum, so no trial
-    is started only to be cut."""
+    mid-way; 1,330 s ends inside the second trial's first test; with 1,270 s, the 47 s
+    left after the first trial (1,223 s) are less than one test's 60 s minimum, so no
+    trial is started only to be cut."""
     s = _settings(tmp_path, n_trials=50, budget_s=budget)
     run = run_study(s, Recording(), _plan())
     assert run.stopped_by == "budget"
@@ -220,7 +220,7 @@ def test_budget_cuts_the_running_load_test_and_labels_the_partial_answer(
     last = trials[-1]
     # Every earlier trial finished its search within the budget.
     assert all(not t.ceiling.get("budget_spent") for t in trials[:-1])
-    if budget == 400.0:
+    if budget == 1270.0:
         assert len(trials) == 1 and not last.ceiling.get("budget_spent")
         assert budget - 60.0 < run.server_s
         return

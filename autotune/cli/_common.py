@@ -27,8 +27,9 @@ MinDuration = Annotated[str | None, typer.Option(
     help="Arrivals of each load test last at least this long before it may pass "
          "(default max(60s, 6x the largest latency limit)).")]
 MaxDuration = Annotated[str | None, typer.Option(
-    help="An inconclusive load test runs on at the same rate up to this long "
-         "(default 3x --min-duration).")]
+    help="Hard cap: an inconclusive load test runs on at the same rate up to this long "
+         "(default: what the limits' sequential tests need at its rate, within 3x "
+         "--min-duration and 10 minutes).")]
 BacklogShare = Annotated[float, typer.Option(
     help="Largest growth of the backlog, as a share of the offered rate, that a load "
          "test may show and pass (its 95% upper bound must be under it).")]
@@ -36,9 +37,10 @@ BacklogShare = Annotated[float, typer.Option(
 # The workload options every command shares: one name, one meaning, one default.
 NUM_PROMPTS, WARMUP = 1000, 100  # as vLLM's `vllm bench serve --num-prompts` (1000)
 NumPrompts = Annotated[int, typer.Option(
-    help="Requests drawn from the dataset: each load test cycles them as long as it runs, "
-         "and judges at least this many before it may pass (tests are sized by time too: "
-         "--min-duration; without an SLO, bench sends exactly this many).")]
+    help="Requests drawn from the dataset (a search or ceiling draws at least 10,000, "
+         "each test sized by time taking up where the last stopped); tests with an SLO "
+         "are sized by time (--min-duration/--max-duration), never stretched by this; "
+         "without an SLO, bench sends exactly this many.")]
 Warmup = Annotated[int, typer.Option(
     help="Warm-up requests sent before each load test and excluded from every figure.")]
 Seed = Annotated[int, typer.Option(help="Seed of the workload sample and the arrivals.")]

@@ -227,7 +227,11 @@ def _bench(o: BenchOptions) -> None:
         int(flags.get("max_model_len") or profiles[1].max_model_len) if profiles
         else served.max_model_len if served is not None and served.max_model_len
         else DEFAULT_CONTEXT)
-    total = o.num_prompts + o.warmup
+    # A test judged against an SLO is sized by time: it draws at least
+    # workload.POOL_REQUESTS distinct requests, so a long test judges the workload's
+    # tail rather than the same few longest replies of a small pool again and again
+    # (its sequential tests take requests as independent).
+    total = (o.num_prompts if slo is None else workload.pool_size(o.num_prompts)) + o.warmup
     with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
                                   api_key=o.api_key) as tok:
         if o.dataset is Dataset.sharegpt:

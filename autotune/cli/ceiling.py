@@ -42,6 +42,7 @@ from autotune.cli._common import (
 from autotune.options import DEFAULT_CONTEXT
 from autotune.record import StoredTrial
 from autotune.terminal import console, err_console
+from autotune.workload import pool_size
 
 CSV_COLUMNS = (
     "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
@@ -519,7 +520,8 @@ def details(result: Any) -> list[str]:
             f"({'converged' if result.converged else 'not converged'} to tol "
             f"{result.tol:.1%}); binding limit {result.binding}; "
             f"{result.search_probes} search probes + "
-            f"{len(result.probes) - result.search_probes} repeats{cost}")
+            f"{len(result.probes) - result.search_probes} others (saturation, light-load "
+            f"floor, repeats){cost}")
     if result.saturated_throughput is not None and result.stepdown_probes is not None:
         lines.append(
             f"for comparison: a 1 req/s step-down from the saturated throughput "
@@ -541,8 +543,22 @@ def details(result: Any) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
+def _cap_phrase(steady: Any, slo: Any) -> str:
+    if steady.max_duration_s is not None:
+        return f"{steady.max_s(slo):g} s"
+    return (f"what its rate needs ({steady.decide_n(slo)} judged requests pass a safe "
+            f"rate 80% of the time), between {steady.max_s(slo):g} and "
+            f"{steady.hard_cap_s(slo):g} s")
+
+
 def _ceiling(o: CeilingOptions, study: Any = None) -> int:
-    from autotune.ceiling import BackendProbe, check_settings, find_ceiling
+    from autotune.ceiling import (
+        BackendProbe,
+        check_settings,
+        find_ceiling,
+        lent_evidence,
+        search_looks,
+    )
     from autotune.slo import combine
 
     if o.slo_p99 is None and o.slo is None:
@@ -563,13 +579,16 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
                    min_rate=o.min_rate)
     from autotune.options import parse_steady, parse_validate
 
-    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
     validate_s = parse_validate(o.validate)
+    steady = replace(parse_steady(o.min_duration, o.max_duration, o.num_prompts,
+                                  o.backlog_share),
+                     looks=search_looks(o.max_probes))
     backend, where = _backend(o, kind, flags)
     try:
-        # As the search draws its pool: num_prompts measured requests (each probe, sized
-        # by time, cycles them) after the warm-up ones.
-        total = o.num_prompts + o.warmup
+        # The pool: at least POOL_REQUESTS distinct requests after the warm-up ones, so
+        # that the search's tests, each taking up where the last stopped, judge the
+        # workload's tail and not a thousand requests' few longest replies again.
+        total = pool_size(o.num_prompts) + o.warmup
         wl = _workload(o, total, o.url if kind == "attach" else None)
         pool = list(wl.requests)
         simulated = kind == "sim"
@@ -581,10 +600,11 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         out.print(header(simulated), soft_wrap=True, highlight=False)
         probe = BackendProbe(backend, flags, slo, pool, warmup=o.warmup, seed=o.seed,
                              prune=not o.no_prune, steady=steady)
-        out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals and "
-                  f"{steady.min_requests} requests before it may pass, up to "
-                  f"{steady.max_s(slo):g} s, stopped when its steady-state verdict is "
-                  "certain", soft_wrap=True)
+        out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals before it may "
+                  f"pass, up to {_cap_phrase(steady, slo)}, stopped when its steady-state "
+                  f"verdict is certain; each limit passes when a sequential test shows "
+                  f"its exceedance under the percentile's allowance (at most "
+                  f"{1 - steady.confidence:.0%} false passes)", soft_wrap=True)
         # A trial of a study starts where the search started it, so that the same probes
         # give the same answer ("measured as the search did").
         start, must_pass = (replay_start(_stored_trial(o, study))
@@ -596,6 +616,7 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
             repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
             min_rate=o.min_rate, max_rate=o.max_rate,
+            lowest_rate=steady.lowest_rate(slo),
             on_probe=lambda p: out.print(probe_line(p, simulated), soft_wrap=True,
                                          highlight=False))
         if validate_s and result.recommended_cap:
@@ -607,6 +628,7 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
             result.validation = validate_cap(
                 backend, flags, cap, probe.plan(o.num_prompts, 0, cap),
                 duration_s=validate_s,
+                prior_for=lambda rate: lent_evidence(result.probes, rate),
                 on_run=lambda r: out.print(f"  {r.rate:.4g} req/s: {r.verdict} "
                                            f"({r.requests} requests judged)", soft_wrap=True,
                                            highlight=False))
@@ -622,10 +644,11 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         err_console.print(result.sentence(), soft_wrap=True, highlight=False)
         for line in details(result):
             err_console.print(line, soft_wrap=True, highlight=False)
-        return 1
-    console.print(result.sentence(), soft_wrap=True, highlight=False)
-    for line in details(result):
-        console.print(line, soft_wrap=True, highlight=False)
+    else:
+        console.print(result.sentence(), soft_wrap=True, highlight=False)
+        for line in details(result):
+            console.print(line, soft_wrap=True, highlight=False)
+    # Every probe's evidence is kept, answer or not.
     if o.output is not None:
         data = result.to_dict()
         data["config"] = flags
@@ -638,4 +661,4 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
     if o.csv_path is not None:
         atomic_write(o.csv_path, probes_csv(result))
         console.print(f"wrote {o.csv_path}")
-    return 0
+    return 0 if result.feasible else 1

@@ -263,7 +263,9 @@ def observations_from_search(probe: BackendProbe, ceiling: CeilingResult, *,
     at = ceiling.feasible_probe()
     above = [p for p in ceiling.probes if ceiling.infeasible_min is not None
              and p.rate == ceiling.infeasible_min]
-    rest = sorted(ceiling.probes, key=lambda p: (-p.rate, p.index))
+    # The light-load floor test has a plan of its own: the twin does not replay it.
+    rest = sorted((p for p in ceiling.probes if p.phase != "floor"),
+                  key=lambda p: (-p.rate, p.index))
     for i in [*sat[:1], *([at.index] if at else []), *[p.index for p in above[:1]],
               *[p.index for p in rest]]:
         if i not in chosen:
@@ -288,7 +290,9 @@ def observation_of(probe: BackendProbe, result: Any, *, rate: float, num_prompts
     """One load test that ``probe`` ran (``probe(rate, num_prompts, repeat=repeat)``
     returned after appending ``result``, a ``TrialResult``), as the twin sees it: the
     requests it sent rebuilt from the probe's plan, and its records."""
-    plan = probe.plan(num_prompts, repeat, rate)
+    at = next((a for r, a in zip(probe.results, probe.pool_ats, strict=False) if r is result),
+              None)
+    plan = probe.plan(num_prompts, repeat, rate, at=at)
     where = f"trial {trial}, " if trial is not None else ""
     return ObservedTest.from_records(
         flags=result.flags, rate=rate, requests=sent_requests(plan, rate),
@@ -324,8 +328,9 @@ def observations_from_stored(trial: StoredTrial, plan: LoadPlan, *, cap: int = 3
     probes = [p for p in trial.probes() if p.get("rate") == rate]
     n = int(max((p.get("num_prompts") or 0 for p in probes), default=0)) or len(plan.requests)
     pool = list(plan.warmup_requests) + list(plan.requests)
+    at = next((p.get("pool_at") for p in reversed(probes) if p.get("pool_at")), None)
     probe_plan = BackendProbe(None, trial.flags, plan.slo, pool, warmup=plan.warmup,
-                              seed=plan.seed, steady=plan.steady).plan(n, 0, rate)
+                              seed=plan.seed, steady=plan.steady).plan(n, 0, rate, at=at)
     return [ObservedTest.from_records(
         flags=trial.flags, rate=rate, requests=sent_requests(probe_plan, rate),
         records=read_records(str(path)), warmup=probe_plan.warmup, cap=cap,
@@ -719,7 +724,7 @@ def predict_ceiling(profile: HardwareProfile, model: ModelProfile, flags: Mappin
     """The steady-state ceiling and goodput of ``flags`` on the twin: the ceiling search
     a study's trial runs (``find_ceiling`` over a ``BackendProbe`` with the study's
     plan), on the simulator with ``profile``, in virtual time."""
-    from autotune.ceiling import BackendProbe, find_ceiling
+    from autotune.ceiling import BackendProbe, find_ceiling, search_steady
     from autotune.trial import SimBackend
 
     cpu0 = time.process_time()
@@ -727,7 +732,8 @@ def predict_ceiling(profile: HardwareProfile, model: ModelProfile, flags: Mappin
     pool = list(plan.warmup_requests) + list(plan.requests)
     probe = BackendProbe(backend, flags, plan.slo, pool, warmup=plan.warmup,
                          seed=plan.seed, window_s=plan.window_s,
-                         request_timeout_s=plan.request_timeout_s, steady=plan.steady)
+                         request_timeout_s=plan.request_timeout_s,
+                         steady=search_steady(plan.steady, max_probes))
     ceiling = find_ceiling(probe, slo=plan.slo, start_rate=start_rate, tol=tol,
                            max_probes=max_probes, num_prompts=max(len(plan.requests), 1),
                            max_num_prompts=max(len(plan.requests), 2400), headroom=headroom,

@@ -1,0 +1,257 @@
+"""The sequential test behind every latency limit (pure).
+
+"P99 ≤ L" means "fewer than 1% of requests exceed L".  A fixed-size test of a
+percentile cannot conclude when the true share over L (the *exceedance*) is close to
+the allowance, so each limit is judged instead by Wald's sequential probability ratio
+test on its exceedance count, with an indifference zone:
+
+* H1, *unsafe*: the exceedance is the allowance ``a`` (1% for a P99);
+* H0, *safe*: it is ``safe_share`` of the allowance (half: 0.5% for a P99).
+
+After ``n`` judged requests of which ``k`` exceeded L, the log likelihood ratio is
+``llr = k·ln(θ1/θ0) + (n-k)·ln((1-θ1)/(1-θ0))``.  The test *passes* once
+``llr ≤ ln(false_pass)`` and *fails* once ``llr ≥ -ln(false_fail)``.
+
+Why the error rates hold whatever the look schedule: under H1 the likelihood ratio
+``θ0-likelihood / θ1-likelihood`` is a non-negative martingale of mean 1, so by Ville's
+inequality it ever reaches ``1/false_pass`` with probability at most ``false_pass``.
+That bound holds for any stopping rule: looks every few seconds, a test cut at its
+time cap (a cut only turns would-be passes into "not shown safe"), a fail that stops
+the test early.  An exceedance above the allowance only makes a pass rarer (the count
+is stochastically larger), so ``P(pass) ≤ false_pass`` whenever the true exceedance is
+at or above the allowance.  The same argument under H0 bounds a false fail.
+
+Latencies under load are correlated: a queue that is long for a few seconds makes many
+consecutive requests late.  Exceedance counts are then over-dispersed, and a binomial
+test would be overconfident.  The test divides its log likelihood ratio by the
+*dispersion* ``D ≥ 1`` (the variance of batch counts over the binomial variance, from
+:func:`dispersion`): the variance-inflation (quasi-likelihood) correction, which moves
+both boundaries out by the factor ``D``, so a clustered tail needs ``D`` times the
+evidence.  ``tests/test_sequential.py`` checks the resulting false-pass rate on a queue
+just under capacity.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from autotune.errors import AutotuneError
+
+
+class SequentialError(AutotuneError, ValueError):
+    """A sequential test that cannot be built; the message says how to fix it."""
+
+
+PASS, FAIL, OPEN = "pass", "fail", "open"
+
+
+@dataclass(frozen=True)
+class ExceedanceTest:
+    """Wald's SPRT on the count of requests over one limit (see the module doc)."""
+
+    allowance: float  # the share of requests allowed over the limit: 0.01 for a P99
+    safe_share: float = 0.5  # the safe hypothesis, as a share of the allowance
+    false_pass: float = 0.05  # P(pass) at most this when the exceedance >= allowance
+    false_fail: float = 0.05  # P(fail) at most this when it is <= safe_share x allowance
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.allowance < 0.5:
+            raise SequentialError(f"allowance must be in (0, 0.5), got {self.allowance:g}: "
+                                  "a percentile between 50 and 100")
+        if not 0.0 < self.safe_share < 1.0:
+            raise SequentialError(f"safe share must be in (0, 1), got {self.safe_share:g}")
+        for name in ("false_pass", "false_fail"):
+            v = getattr(self, name)
+            if not 0.0 < v < 0.5:
+                raise SequentialError(f"{name} must be in (0, 0.5), got {v:g}")
+
+    @classmethod
+    def for_percentile(cls, percentile: float, *, false_pass: float = 0.05,
+                       false_fail: float = 0.05) -> ExceedanceTest:
+        return cls(allowance=1.0 - percentile / 100.0, false_pass=false_pass,
+                   false_fail=false_fail)
+
+    @property
+    def theta0(self) -> float:
+        return self.safe_share * self.allowance
+
+    @property
+    def theta1(self) -> float:
+        return self.allowance
+
+    @property
+    def _g1(self) -> float:  # log LR of one exceedance
+        return math.log(self.theta1 / self.theta0)
+
+    @property
+    def _g0(self) -> float:  # log LR of one request under the limit (negative)
+        return math.log((1.0 - self.theta1) / (1.0 - self.theta0))
+
+    def llr(self, n: float, k: float) -> float:
+        """log(θ1-likelihood / θ0-likelihood) of ``k`` exceedances in ``n`` requests."""
+        return k * self._g1 + (n - k) * self._g0
+
+    def decide(self, n: int, k_pass: int, k_fail: int | None = None,
+               dispersion: float = 1.0) -> str:
+        """PASS, FAIL or OPEN after ``n`` judged requests.
+
+        ``k_pass`` counts every request that may exceed (unknowns as over: what a pass
+        must survive); ``k_fail`` those certain to (unknowns as under: what a fail
+        needs; default ``k_pass``).  ``dispersion`` >= 1 deflates the evidence."""
+        d = max(float(dispersion), 1.0)
+        if self.llr(n, k_pass if k_fail is None else k_fail) / d >= -math.log(self.false_fail):
+            return FAIL
+        if self.llr(n, k_pass) / d <= math.log(self.false_pass):
+            return PASS
+        return OPEN
+
+    def pass_count(self, n: int, dispersion: float = 1.0) -> int:
+        """The most exceedances among ``n`` requests that still pass (-1: none can)."""
+        d = max(float(dispersion), 1.0)
+        return math.floor((d * math.log(self.false_pass) - n * self._g0)
+                          / (self._g1 - self._g0) + 1e-9)
+
+    def fail_count(self, n: int, dispersion: float = 1.0) -> int:
+        """The fewest exceedances among ``n`` requests that fail the limit."""
+        d = max(float(dispersion), 1.0)
+        return math.ceil((-d * math.log(self.false_fail) - n * self._g0)
+                         / (self._g1 - self._g0) - 1e-9)
+
+    def min_pass_n(self, dispersion: float = 1.0) -> int:
+        """The fewest judged requests that can pass (all under the limit)."""
+        d = max(float(dispersion), 1.0)
+        return math.ceil(d * math.log(self.false_pass) / self._g0 - 1e-9)
+
+    def lent(self, indicators: np.ndarray, stop_at: float = math.log(4.0)
+             ) -> tuple[int, int]:
+        """What a test's 0/1 exceedances (in arrival order) lend to a pooled test:
+        (requests, exceedances) up to the first moment its log likelihood ratio
+        reached ``stop_at`` (all of them if it never did).  That moment is a stopping
+        time, so the pooled likelihood ratio stays a supermartingale under the unsafe
+        hypothesis (Ville's bound holds), and a test that went on to fail costs a pool
+        at most a factor ``exp(stop_at)``, not all its exceedances."""
+        x = np.asarray(indicators, dtype=float)
+        if x.size == 0:
+            return 0, 0
+        k = np.cumsum(x)
+        path = k * (self._g1 - self._g0) + np.arange(1, x.size + 1) * self._g0
+        over = np.nonzero(path >= stop_at)[0]
+        stop = int(over[0]) + 1 if over.size else int(x.size)
+        return stop, int(k[stop - 1])
+
+    def requests_to_pass(self, n: int, k: int, dispersion: float = 1.0) -> int | None:
+        """More requests needed, none of them over the limit, before ``k`` in ``n``
+        passes (0: it passes now; None: it can no longer pass before failing)."""
+        if self.fail_count(n, dispersion) <= k:
+            return None
+        d = max(float(dispersion), 1.0)
+        need = (d * math.log(self.false_pass) - k * (self._g1 - self._g0)) / self._g0
+        return max(math.ceil(need - 1e-9) - n, 0)
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Exact behaviour of a test on independent requests at one true exceedance."""
+
+    exceedance: float
+    p_pass: float  # pass by ``n_max``
+    p_fail: float  # fail by ``n_max``
+    p_open: float  # undecided at ``n_max`` (for the ceiling: not shown safe)
+    p_pass_by: dict[int, float]  # P(pass within n requests) at the asked n
+    expected_n: float  # expected judged requests to a decision (or n_max)
+
+
+def operating_point(test: ExceedanceTest, exceedance: float, *, n_max: int = 20000,
+                    at: tuple[int, ...] = (1500,)) -> OperatingPoint:
+    """P(pass), P(fail) and the expected sample size of ``test`` when requests exceed
+    independently with probability ``exceedance``, looked at after every request
+    (exact: a dynamic programme over the exceedance count)."""
+    return _operating_point(test, float(exceedance), int(n_max), tuple(sorted(at)))
+
+
+@functools.lru_cache(maxsize=256)
+def _operating_point(test: ExceedanceTest, p: float, n_max: int, at: tuple[int, ...]
+                     ) -> OperatingPoint:
+    width = test.fail_count(n_max) + 2
+    prob = np.zeros(width)
+    prob[0] = 1.0
+    passed = failed = expected = 0.0
+    by: dict[int, float] = {}
+    for n in range(1, n_max + 1):
+        # One more request: the count stays (1 - p) or moves up one (p).
+        nxt = prob * (1.0 - p)
+        nxt[1:] += prob[:-1] * p
+        prob = nxt
+        lo, hi = test.pass_count(n), test.fail_count(n)
+        if lo >= 0:
+            passed_now = float(prob[: lo + 1].sum())
+            prob[: lo + 1] = 0.0
+        else:
+            passed_now = 0.0
+        failed_now = float(prob[hi:].sum()) if hi < width else 0.0
+        if hi < width:
+            prob[hi:] = 0.0
+        passed += passed_now
+        failed += failed_now
+        expected += n * (passed_now + failed_now)
+        if n in at:
+            by[n] = passed
+        if passed + failed > 1.0 - 1e-12:
+            break
+    open_ = max(1.0 - passed - failed, 0.0)
+    for n in at:
+        by.setdefault(n, passed)
+    return OperatingPoint(p, passed, failed, open_, by, expected + n_max * open_)
+
+
+def dispersion(indicators: np.ndarray, batches: int = 20) -> float:
+    """The index of dispersion of 0/1 ``indicators`` (in arrival order) over
+    ``batches`` contiguous equal batches: the variance of the batch counts over the
+    binomial variance (1 for independent requests, more when they cluster); 1 when
+    there are too few events to tell."""
+    x = np.asarray(indicators, dtype=float)
+    n = x.size
+    total = float(x.sum())
+    if n < 2 * batches or total < batches:
+        return 1.0
+    p = total / n
+    edges = np.linspace(0, n, batches + 1).astype(int)
+    counts = np.add.reduceat(x, edges[:-1])
+    sizes = np.diff(edges).astype(float)
+    expected = sizes * p
+    var = float(np.sum((counts - expected) ** 2)) / (batches - 1)
+    binom = float(np.mean(sizes)) * p * (1.0 - p)
+    return max(var / binom, 1.0) if binom > 0 else 1.0
+
+
+def clustering(values: np.ndarray, threshold: float, batches: int = 20) -> float:
+    """The dispersion a limit's test uses: the largest of the dispersions of the
+    exceedances of the 90th and 95th percentiles of ``values`` and of ``threshold``
+    itself.  The percentiles' exceedances are frequent enough to show how the queue's
+    slow swings cluster the tail before the rare ones at the limit can."""
+    v = np.asarray(values, dtype=float)
+    if v.size < 2 * batches:
+        return 1.0
+    finite = v[np.isfinite(v)]
+    levels = [threshold]
+    if finite.size:
+        mid = float(np.quantile(finite, 0.5))
+        # A level within rounding of the median marks noise, not a tail.
+        levels += [lv for q in (0.90, 0.95)
+                   if (lv := float(np.quantile(finite, q))) > mid + 1e-6 * abs(mid)]
+    return max(dispersion(v > lv, batches) for lv in levels)
+
+
+@functools.lru_cache(maxsize=64)
+def requests_for_power(test: ExceedanceTest, power: float = 0.8) -> int:
+    """Judged requests by which ``test`` passes with probability ``power`` when the
+    exceedance is at the safe hypothesis (independent requests, exact)."""
+    n_max = int(math.ceil(60.0 / test.allowance))
+    step = max(n_max // 120, 1)
+    grid = tuple(range(step, n_max + 1, step))
+    op = _operating_point(test, test.theta0, n_max, grid)
+    return next((n for n in grid if op.p_pass_by[n] >= power), n_max)

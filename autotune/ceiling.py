@@ -48,8 +48,8 @@ PHASES = ("saturation", "floor", "incumbent", "bracket", "bisect", "more-request
 UNCOUNTED = ("saturation", "floor", "repeat")
 # The light-load test: this many requests, at most this many in flight, decide
 # whether any rate can meet the SLO before the search halves its rate toward zero.
-FLOOR_REQUESTS = 200
-FLOOR_CONCURRENCY = 2
+FLOOR_REQUESTS = 100
+FLOOR_CONCURRENCY = 4
 # "inconclusive": a load test sized by time that ran to its cap without a certain
 # verdict; "uncertain": a fixed-count probe whose point estimate passed but whose bound
 # did not.  Neither counts as passing.

@@ -53,7 +53,7 @@ class LightTest:
 
 def light_tests_of(trial: int, probes: Sequence[Mapping[str, object]]) -> list[LightTest]:
     """A trial's light-load floor tests (``Probe.to_dict()`` of phase "floor": at most
-    two requests in flight, so nothing queues), at the rate they served."""
+    four requests in flight, so nothing queues), at the rate they served."""
     out = []
     for p in probes:
         checks = p.get("checks")

@@ -77,7 +77,7 @@ class SearchOptions:
     studies_dir: Path = Path("studies")
     max_model_len: int | None = None
     tokenizer: str | None = None
-    refine_top: int = 0
+    prove_top: int = 2
     wandb: str | None = None
     mlflow: str | None = None
     startup_timeout: float = 900.0
@@ -195,8 +195,8 @@ def _validate(o: SearchOptions) -> Plan:
         raise OptionsError(f"--gpus must be at least 1, got {o.gpus}")
     if not 0 <= o.headroom < 1:
         raise OptionsError(f"--headroom must be in [0, 1), got {o.headroom}")
-    if o.refine_top < 0:
-        raise OptionsError(f"--refine-top must be 0 (off) or more, got {o.refine_top}")
+    if o.prove_top < 0:
+        raise OptionsError(f"--prove-top must be 0 (off) or more, got {o.prove_top}")
     if not 0 < o.tol < 1:
         raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
     if o.max_probes < 1:
@@ -219,7 +219,7 @@ def _validate(o: SearchOptions) -> Plan:
         budget_s -= validate_s
     hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
     heads = space.attention_heads
-    if backend == "sim" or o.prescreen or o.twin:
+    if backend == "sim" or o.prescreen or o.twin or (backend == "vllm" and o.profile):
         from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
         try:
@@ -251,7 +251,7 @@ def _validate(o: SearchOptions) -> Plan:
         else 75.0,
         budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
         attention_heads=heads, tol=o.tol,
-        max_probes=o.max_probes, headroom=o.headroom)
+        max_probes=o.max_probes, headroom=o.headroom, screen=o.prove_top > 0)
     return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
                 settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
                 steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
@@ -519,9 +519,13 @@ def run_search(o: SearchOptions) -> int:
         else plan.settings.budget_s + (plan.validate_s or 0.0),
         virtual=plan.backend == "sim"), soft_wrap=True)
     enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
-    if o.prescreen:
+    # The first configs come from the simulator whenever a profile is known: a real
+    # study given --profile is pre-screened unless told otherwise.
+    if o.prescreen or (o.prescreen is None and plan.backend == "vllm" and o.profile):
         enqueue = _prescreen(o, plan, load_plan, storage, out)
     backend = _backend(o, plan)
+    server0 = backend.server_s
+    server_all = 0.0
     twin = _twin(o, plan, load_plan, out)
     phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
     try:
@@ -539,18 +543,23 @@ def run_search(o: SearchOptions) -> int:
             + (" per GPU" if o.per_gpu else ""),
             headroom=o.headroom, rate_high=bounds[1] if bounds else None)
         phases["study"] = run.wall_s
-        if o.refine_top:
+        ceilings: list[Any] = []
+        if o.prove_top:
             t0 = time.monotonic()
-            ceilings = _refine(o, plan, run, backend, load_plan, out)
+            ceilings = _prove(o, plan, run, backend, load_plan, out,
+                              deadline_s=None if plan.settings.budget_s is None
+                              else server0 + plan.settings.budget_s)
             rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
                                          objective=o.objective, per_gpu=o.per_gpu)
-            phases["refinement"] = time.monotonic() - t0
+            phases["proof"] = time.monotonic() - t0
         if plan.backend == "attach":
             rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
                                 "cannot see its flags; keep them and enforce the rate cap)")
         if plan.validate_s and rec.rate_cap:
             t0 = time.monotonic()
-            _validate_cap(rec, backend, load_plan, plan, out)
+            proof = next((c.result for c in ceilings if c.trial == rec.best.trial
+                          and hasattr(c.result, "probes")), None)
+            _validate_cap(rec, backend, load_plan, plan, out, proof=proof)
             phases["validation"] = time.monotonic() - t0
         _rate_table(rec, run.study, backend)
     except rec_mod.RecommendError as exc:
@@ -567,6 +576,7 @@ def run_search(o: SearchOptions) -> int:
                           "command to resume", soft_wrap=True)
         return 130
     finally:
+        server_all = backend.server_s - server0
         backend.close()
         for t in trackers:
             with contextlib.suppress(Exception):
@@ -587,7 +597,8 @@ def run_search(o: SearchOptions) -> int:
         + f" in {run.wall_s:.1f} s wall, "
         f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
         f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
-        "one load test below the incumbent's rate")
+        "one load test below the incumbent's rate; "
+        f"{server_all:.0f} s server time in all (study, proof and validation)")
     folder = plan.settings.out_dir
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "recommendation.json", rec.to_dict())
@@ -602,27 +613,25 @@ def run_search(o: SearchOptions) -> int:
     return 0
 
 
-def _refine(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
-            out: Console) -> list[Any]:
-    """The ceiling search on the best configs, on the study's backend."""
+def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
+           out: Console, *, deadline_s: float | None = None) -> list[Any]:
+    """Prove once: the full steady-state ceiling search on the best screened configs,
+    on the study's backend."""
     from autotune.study import refine_ceilings
 
     how = SIMULATED if backend.mode == "virtual" else MEASURED
-    # On the simulator each probe is cheap but not free: the default study must stay
-    # well under two minutes, so probes use at most 1000 measured requests there.
-    n = min(len(load_plan.requests), 1000) if backend.mode == "virtual" else None
-    out.print(f"refining the ceilings of the top {o.refine_top} configs ({how}; ceiling "
-              "search from each trial's rate, every probe a full load test, a 95% upper "
-              "bound on each limit's percentile must meet the SLO)", soft_wrap=True)
+    out.print(f"proving the {o.prove_top} best screened configs ({how}; the full ceiling "
+              "search from each one's screened rate, to --tol, every test a sequential "
+              "test of each limit, pooled across the config's rates)", soft_wrap=True)
 
     def show(c: Any) -> None:
         out.print(f"  ceiling of trial {c.trial}: {c.result.sentence()}", soft_wrap=True,
                   highlight=False)
 
-    return refine_ceilings(run.rows, backend, load_plan, top_k=o.refine_top,
-                           headroom=o.headroom, num_prompts=n,
-                           max_probes=8 if backend.mode == "virtual" else 6,
-                           out_dir=plan.settings.out_dir, on_ceiling=show)
+    return refine_ceilings(run.rows, backend, load_plan, top_k=o.prove_top,
+                           headroom=o.headroom, tol=o.tol, max_probes=o.max_probes,
+                           out_dir=plan.settings.out_dir, on_ceiling=show,
+                           deadline_s=deadline_s)
 
 
 def _report(plan: Plan, out: Console) -> None:
@@ -760,9 +769,19 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
                      "not pass, as a goodput that does not hold is none.")
 
 
-def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console) -> None:
-    """The recommended config at its cap for ``--validate`` (the seed's 5 minutes)."""
+def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console, *,
+                  proof: Any = None) -> None:
+    """The recommended config at its cap for ``--validate`` (the seed's 5 minutes);
+    with its ``proof`` (a CeilingResult), each run pools the proof's tests at or above
+    its rate, as that search's own tests do."""
+    from dataclasses import replace
+
+    from autotune.ceiling import lent_evidence, search_steady
     from autotune.validation import validate_cap
+
+    if proof is not None and load_plan.steady is not None:
+        load_plan = replace(load_plan, steady=search_steady(load_plan.steady,
+                                                            plan.settings.max_probes))
 
     how = "virtual time" if backend.mode == "virtual" else "real time"
     out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
@@ -772,6 +791,8 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Conso
 
     val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
                        duration_s=float(plan.validate_s or 300.0),
+                       prior_for=None if proof is None
+                       else (lambda rate: lent_evidence(proof.probes, rate)),
                        on_result=lambda res: append_load_test(
                            plan.settings.out_dir, plan.name, rec.best.trial, res,
                            "validation"),

@@ -315,8 +315,36 @@ def _ceiling_pick(c: Mapping[str, Any], views: Sequence[TrialView], objective: s
                 goodput_tokens=summ.get("goodput_tokens"),
                 goodput_requests=summ.get("goodput_requests"),
                 p99_e2e_s=(summ.get("e2e") or {}).get("p99"), attainment=summ.get("attainment"),
-                gpus=gpus, max_feasible_rate=top, command=serve_command(flags),
+                gpus=gpus, max_feasible_rate=top,
+                command=deploy_command(flags, view.launch if view is not None else None),
+                plain_command=serve_command(flags),
                 predicted=view.predicted if view is not None else None, ceiling=brief)
+
+
+def coarse_note(c: Mapping[str, Any]) -> str | None:
+    """A ceiling whose bracket did not close to its tolerance, said with its bracket."""
+    lo, hi, tol = c.get("feasible_max"), c.get("infeasible_min"), c.get("tol")
+    if c.get("converged") or lo is None or hi is None or not lo > 0:
+        return None
+    return (f"the ceiling is coarse: between {lo:.4g} req/s (passed) and {hi:.4g} req/s "
+            f"(did not), {hi / lo - 1:.0%} apart"
+            + (f", wider than --tol {tol:.0%}" if tol else "")
+            + "; raise --max-probes for a tighter answer")
+
+
+def _proven_baseline(base: TrialView, c: Mapping[str, Any], picks: Sequence[Pick]
+                     ) -> TrialView:
+    """vLLM's defaults at the ceiling their own proof found (not the rate their
+    screening tried), or, when none passed, why."""
+    from dataclasses import replace
+
+    got = next((p for p in picks if p.trial == base.number), None)
+    if got is None:
+        return replace(base, feasible=False, value=None, status="infeasible",
+                       reason=f"its own ceiling search: {c.get('answer')}")
+    return replace(base, rate=got.rate, value=got.value, feasible=True, status="complete",
+                   goodput_tokens=got.goodput_tokens, goodput_requests=got.goodput_requests,
+                   p99_e2e_s=got.p99_e2e_s, attainment=got.attainment, reason=None)
 
 
 def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
@@ -338,6 +366,9 @@ def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
         c = by_trial.get(row["trial"])
         if c is not None:
             row["measured"]["ceiling_rate"] = c.get("feasible_max")
+    if rec.baseline is not None and rec.baseline.number in by_trial:
+        rec.baseline = _proven_baseline(rec.baseline, by_trial[rec.baseline.number], picks)
+        rec.vs_baseline = _versus(rec.best, rec.baseline)
     if not picks:
         return rec
     picks.sort(key=lambda p: (-p.value, p.trial))
@@ -350,11 +381,17 @@ def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
     rec.best, rec.next_best = picks[0], [*picks[1:], *rest][:keep]
     rec.rate_cap = cap_with_headroom(rec.best.max_feasible_rate, rec.headroom)
     rec.vs_baseline = _versus(rec.best, rec.baseline)
+    coarse = coarse_note(by_trial.get(rec.best.trial) or {})
+    if coarse:
+        if rec.best.ceiling is not None:
+            rec.best.ceiling["coarse"] = True
+        rec.notes.append(coarse)
     rec.notes.append(
-        f"ranked on refined ceilings: the ceiling search ran on the {len(ceilings)} best "
-        "configs (each probe a full load test, a 95% upper bound on every limit's "
-        "percentile must meet the SLO); the rate cap is the headroom under the recommended "
-        "config's refined ceiling")
+        f"ranked on proven ceilings: the full ceiling search ran on the {len(ceilings)} best "
+        "screened configs (each test a sequential test of every limit, pooled across the "
+        "config's rates, unsafe at most 5% of the time); the rate cap is the headroom under "
+        "the recommended config's proven ceiling; every other config, vLLM's defaults "
+        "included unless proven, is at its screened ceiling (short tests, point estimates)")
     return rec
 
 

@@ -343,6 +343,28 @@ class SearchSpace:
     def grid(self, points: int = 4) -> dict[str, list[Any]]:
         return {name: p.grid(points) for name, p in self.params.items()}
 
+    def configs(self, limit: int) -> list[dict[str, Any]] | None:
+        """Every config of a finite space (categorical, bool and stepped int
+        parameters), in a fixed order; None when the space is not finite or holds
+        more than ``limit`` configs."""
+        import itertools
+
+        axes: list[list[Any]] = []
+        for p in self.params.values():
+            if p.type in ("bool", "categorical"):
+                axes.append(p.grid())
+            elif p.type == "int":
+                lo, hi, step = int(p.low), int(p.high), int(p.step or 1)
+                if (hi - lo) // step + 1 > limit:
+                    return None
+                axes.append(list(range(lo, hi + 1, step)))
+            else:
+                return None
+        if math.prod(len(a) for a in axes) > limit:
+            return None
+        return [dict(zip(self.params, values, strict=True))
+                for values in itertools.product(*axes)]
+
 
 def _parse_param(name: str, spec: Any, fail: Callable[[str, str], SpaceError]) -> Param:
     key = f"parameters.{name}"

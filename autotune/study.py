@@ -51,7 +51,7 @@ from autotune.trial import (
     TrialResult,
     write_records,
 )
-from autotune.verdict import SteadyState
+from autotune.verdict import SteadyState, screening
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
 OBJECTIVES = ("tokens", "requests")
@@ -64,6 +64,11 @@ CHOOSING_S = 60.0
 
 class StudyError(AutotuneError, ValueError):
     """The study cannot be created or continued as asked."""
+
+
+# A screening trial's ceiling search: to within 15%, in at most 4 short tests.
+SCREEN_TOL = 0.15
+SCREEN_PROBES = 4
 
 
 @dataclass
@@ -91,6 +96,10 @@ class StudySettings:
     # Start each rate search at the rate needed to beat the best so far, and stop a
     # config that fails there (False: every config's full ceiling, like a sweep).
     beat_incumbent: bool = True
+    # Screening trials: each config's ceiling roughly (SCREEN_TOL, SCREEN_PROBES), on
+    # short tests judged on point estimates, to rank configs; the best ones are then
+    # proven (refine_ceilings).  False: every trial a full ceiling search.
+    screen: bool = False
 
     @property
     def out_dir(self) -> Path:
@@ -254,6 +263,32 @@ def process_running(pid: int) -> bool:
     except OSError:
         return True
     return state not in ("Z", "X")
+
+
+def enqueue_coverage(study: optuna.Study, space: SearchSpace, n_trials: int | None, *,
+                     gpus: int | None, attention_heads: int | None) -> bool:
+    """A finite space no larger than ``n_trials``: when nothing is queued (the
+    defaults, a pre-screen's or the twin's picks go first), queue the next config that
+    the rules allow and the study has not tried, so that each is tried before the
+    sampler repeats one.  Returns whether one was queued."""
+    if n_trials is None:
+        return False
+    configs = space.configs(n_trials)
+    if configs is None:
+        return False
+    trials = study.get_trials(deepcopy=False)
+    if any(t.state == TrialState.WAITING for t in trials):
+        return False
+    # A queued trial keeps its values in "fixed_params" until it runs.
+    seen = {repr(sorted((t.params or t.system_attrs.get("fixed_params") or {}).items()))
+            for t in trials if t.state != TrialState.FAIL}
+    for params in configs:
+        if repr(sorted(params.items())) in seen or space.violations(
+                params, gpus=gpus, attention_heads=attention_heads):
+            continue
+        study.enqueue_trial(params, user_attrs={"coverage": True})
+        return True
+    return False
 
 
 def enqueue_baseline(study: optuna.Study, space: SearchSpace) -> bool:
@@ -423,10 +458,14 @@ class Objective:
         start, must_pass, why, floor = self.start_rate(trial, flags)
         plan = self.plan
         pool = list(plan.warmup_requests) + list(plan.requests)
+        steady = search_steady(plan.steady, self.s.max_probes)
+        tol, max_probes = self.s.tol, self.s.max_probes
+        if self.s.screen and steady is not None:
+            steady = screening(steady, plan.slo)
+            tol, max_probes = max(tol, SCREEN_TOL), min(max_probes, SCREEN_PROBES)
         probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
                              seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s,
-                             steady=search_steady(plan.steady, self.s.max_probes),
+                             request_timeout_s=plan.request_timeout_s, steady=steady,
                              deadline_s=self.deadline_s)
         progress = self.on_progress
         if progress is not None:
@@ -439,12 +478,11 @@ class Objective:
             lambda p: self.on_probe(trial.number, p))  # type: ignore[misc]
         try:
             ceiling = find_ceiling(
-                probe, slo=plan.slo, start_rate=start, tol=self.s.tol,
-                max_probes=self.s.max_probes, num_prompts=max(len(plan.requests), 1),
+                probe, slo=plan.slo, start_rate=start, tol=tol,
+                max_probes=max_probes, num_prompts=max(len(plan.requests), 1),
                 max_num_prompts=max(len(plan.requests), 2400), headroom=self.s.headroom,
                 min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe,
-                lowest_rate=(None if plan.steady is None
-                             else plan.steady.lowest_rate(plan.slo)))
+                lowest_rate=None if steady is None else steady.lowest_rate(plan.slo))
             if not ceiling.probes:  # the budget ran out before the first load test
                 raise BudgetSpent(ceiling.sentence())
         except (CeilingError, TrialFailed) as exc:
@@ -724,6 +762,13 @@ def run_study(
         params = {k: v for k, v in params.items() if k in objective.space.params}
         if repr(sorted(params.items())) not in queued:
             study.enqueue_trial(params, user_attrs=attrs)
+    # After the defaults and the predicted picks: a small categorical space is covered
+    # before any config repeats (TPE's random start-up draws repeat in a tiny space).
+    def cover() -> None:
+        enqueue_coverage(study, objective.space, settings.n_trials, gpus=settings.gpus,
+                         attention_heads=settings.attention_heads)
+
+    cover()
     done_states = (TrialState.COMPLETE, TrialState.PRUNED)
     finished = len(study.get_trials(deepcopy=False, states=done_states))
     remaining = None if settings.n_trials is None else max(settings.n_trials - finished, 0)
@@ -736,6 +781,7 @@ def run_study(
     def budget_cb(study: optuna.Study, frozen: FrozenTrial) -> None:
         if on_trial_end is not None:
             on_trial_end(study, frozen)
+        cover()
         # A trial started with less budget than one test's minimum could not pass a
         # test: it would only spend a server start.
         if (settings.budget_s is not None and backend.server_s - server0
@@ -891,33 +937,50 @@ def refine_ceilings(
     num_prompts: int | None = None,
     out_dir: Path | None = None,
     on_ceiling: Callable[[RefinedCeiling], None] | None = None,
+    deadline_s: float | None = None,
 ) -> list[RefinedCeiling]:
     """Run ``find_ceiling`` on the ``top_k`` best feasible configs, starting at each
     trial's rate, on the study's backend (one server start per config, reused across its
-    probes).  Each result goes to ``<out_dir>/ceiling-trial-<n>.json`` (what the report
-    plots).  A config whose probes cannot run is skipped, never ends the search."""
-    from autotune.ceiling import BackendProbe, CeilingError, find_ceiling, min_samples_for_bound
+    probes).  With the plan's steady-state rule each probe is a full sequential test,
+    pooled across the config's rates (``search_steady``): this is the proof of a
+    screened search.  Each result goes to ``<out_dir>/ceiling-trial-<n>.json`` (what
+    the report plots).  A config whose probes cannot run is skipped, never ends the
+    search.  ``deadline_s`` (on the backend's ``server_s`` clock): the budget's end,
+    after which no test starts and a running one is cut."""
+    from autotune.ceiling import (
+        BackendProbe,
+        CeilingError,
+        find_ceiling,
+        min_samples_for_bound,
+        search_steady,
+    )
 
     n = num_prompts or len(plan.requests)
     need = max(min_samples_for_bound(lim.percentile, 0.95) for lim in plan.slo.limits)
+    steady = search_steady(plan.steady, max_probes)
     out: list[RefinedCeiling] = []
     for row in top_configs(rows, top_k=top_k):
         config = {k: v for k, v in row.flags.items() if k not in CLIENT_PARAMS}
-        start = float(row.rate or 1.0)
+        # A config whose screening passed nothing starts after a saturation test.
+        start = float(row.rate) if row.feasible and row.rate else None
         pool = list(plan.warmup_requests) + list(plan.requests)
         probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
                              seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s)
+                             request_timeout_s=plan.request_timeout_s, steady=steady,
+                             deadline_s=deadline_s)
         try:
             result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
                                   max_probes=max_probes, num_prompts=n,
-                                  max_num_prompts=2 * max(n, need), headroom=headroom)
+                                  max_num_prompts=2 * max(n, need), headroom=headroom,
+                                  lowest_rate=None if steady is None
+                                  else steady.lowest_rate(plan.slo))
         except (CeilingError, TrialFailed) as exc:
             out_note = f"trial {row.number}: ceiling search stopped: {exc}"
             if on_ceiling is not None:
-                on_ceiling(RefinedCeiling(row.number, config, start, _Failed(out_note)))
+                on_ceiling(RefinedCeiling(row.number, config, start or 0.0,
+                                          _Failed(out_note)))
             continue
-        refined = RefinedCeiling(trial=row.number, config=config, start_rate=start,
+        refined = RefinedCeiling(trial=row.number, config=config, start_rate=start or 0.0,
                                  result=result)
         if out_dir is not None:
             import json

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -88,6 +88,22 @@ def limit_test(limit: Limit, rule: SteadyState | None = None) -> ExceedanceTest:
                                          false_fail=false_fail)
 
 
+def screen_n(limit: Limit) -> int:
+    """Judged requests a screening test needs before its point estimate of a limit's
+    share counts: twice the requests one exceedance stands for (200 for a P99)."""
+    return int(math.ceil(2.0 / (1.0 - limit.percentile / 100.0)))
+
+
+def screening(rule: SteadyState, slo: SLO) -> SteadyState:
+    """``rule`` as a screening test: point estimates, over max(20 s, 2x the largest
+    latency limit) of arrivals (the rule's minimum when shorter), never longer."""
+    largest = max((lim.threshold_s for lim in slo.limits), default=0.0)
+    span = min(rule.min_s(slo), max(20.0, 2.0 * largest))
+    cap = rule.max_duration_s
+    return replace(rule, screen=True, min_duration_s=span, prior=(),
+                   max_duration_s=None if cap is None else max(cap, span))
+
+
 @dataclass(frozen=True)
 class SteadyState:
     """How long a load test runs and what its pass needs.
@@ -122,6 +138,11 @@ class SteadyState:
     # The pass decisions that share the false-pass rate 1 - confidence (Bonferroni):
     # a ceiling search that may pass any of its tests, pooled, divides it among them.
     looks: int = 1
+    # A screening test (a search's first, short look at a config): a limit passes on
+    # its point estimate (at most the allowance over it, of enough requests to show
+    # one percentile), for ranking configs; only a proof's sequential tests make an
+    # answer.  A certain fail is a fail either way.
+    screen: bool = False
 
     def __post_init__(self) -> None:
         lo, hi = self.min_duration_s, self.max_duration_s
@@ -158,12 +179,17 @@ class SteadyState:
         return max(DEFAULT_HARD_CAP_S, 3.0 * self.min_s(slo))
 
     def decide_n(self, slo: SLO) -> int:
-        """Judged requests by which a safe rate passes every limit with 80% chance."""
+        """Judged requests by which a safe rate passes every limit with 80% chance (a
+        screening test: twice what its point estimate needs)."""
+        if self.screen:
+            return 2 * self.pass_n(slo)
         return max((requests_for_power(limit_test(lim, self), DEFAULT_POWER)
                     for lim in slo.limits), default=0)
 
     def pass_n(self, slo: SLO) -> int:
         """The fewest judged requests that can pass every limit."""
+        if self.screen:
+            return max((screen_n(lim) for lim in slo.limits), default=0)
         return max((limit_test(lim, self).min_pass_n() for lim in slo.limits), default=0)
 
     def max_s(self, slo: SLO, rate: float | None = None) -> float:
@@ -172,7 +198,8 @@ class SteadyState:
         hard cap]."""
         if self.max_duration_s is not None:
             return max(self.max_duration_s, self.min_s(slo))
-        floor = 3.0 * self.min_s(slo)
+        # A screening test is short: no longer than its minimum unless its rate needs it.
+        floor = (1.0 if self.screen else 3.0) * self.min_s(slo)
         if rate is None or not (rate > 0 and math.isfinite(rate)):
             return floor
         need = self.decide_n(slo) / rate + horizon(slo)
@@ -492,7 +519,11 @@ def judge(
         if math.isfinite(offered_rate):
             if upper_slope is None:
                 need.append("too little steady span to bound the backlog's growth")
-            elif upper_slope >= allowed_slope:
+            elif rule.screen and slope is not None and slope >= allowed_slope:
+                # A screening test is short: it ranks on the slope itself, not its bound.
+                need.append(f"backlog slope {slope:.3g} req/s not under {allowed_slope:.3g} "
+                            f"({rule.backlog_share:.0%} of the offered rate)")
+            elif not rule.screen and upper_slope >= allowed_slope:
                 need.append(f"backlog slope {slope:.3g} req/s, {rule.confidence:.0%} upper "
                             f"bound {upper_slope:.3g} not under {allowed_slope:.3g} "
                             f"({rule.backlog_share:.0%} of the offered rate)")
@@ -545,6 +576,8 @@ def _limit_evidence(a: _Arrays, idx: np.ndarray, limit: Limit, now: float,
     upper = quantile_upper_bound(hi, limit.percentile, rule.confidence)
     lower = _lower_bound(lo, limit.percentile, rule.fail_confidence) if lo.size else -math.inf
     decision = test.decide(n, k_hi, k_lo, d)
+    if rule.screen and decision != SEQ_FAIL:
+        decision = SEQ_PASS if n >= screen_n(limit) and k_hi <= test.allowance * n else "open"
     pn = pk = 0
     pd = d
     for label, n_prior, k_prior, d_prior in rule.prior:

@@ -39,6 +39,7 @@ from autotune.sequential import (  # noqa: E402
     clustering,
     operating_point,
 )
+from autotune.testing.queues import mm1_sojourns  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 
 SHARES = (0.2, 0.35, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0)  # true exceedance / allowance
@@ -80,21 +81,10 @@ def heavy_tail(test: ExceedanceTest, seeds: int, n: int) -> list[dict[str, Any]]
     return rows
 
 
-def _mm1(rho: float, n: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
-    a = rng.exponential(1.0 / rho, (n, seeds))
-    s = rng.exponential(1.0, (n, seeds))
-    w = np.where(rng.random(seeds) < rho, rng.exponential(1.0 / (1.0 - rho), seeds), 0.0)
-    out = np.empty((n, seeds))
-    for i in range(n):
-        out[i] = w + s[i]
-        w = np.maximum(w + s[i] - a[i], 0.0)
-    return out
-
-
 def queue(test: ExceedanceTest, seeds: int, n: int) -> list[dict[str, Any]]:
     rows = []
     for rho in (0.9, 0.95):
-        t = _mm1(rho, n, seeds, np.random.default_rng(int(rho * 100)))
+        t = mm1_sojourns(rho, n, seeds, np.random.default_rng(int(rho * 100)))
         for share in (1.0, 0.5):
             # M/M/1 sojourns are exponential with rate 1 - rho: P(T > L) = share x a.
             limit = math.log(1.0 / (share * test.allowance)) / (1.0 - rho)

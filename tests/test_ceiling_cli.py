@@ -229,7 +229,7 @@ def test_ceiling_of_a_study_trial_measures_it_as_the_search_did(tmp_path: Path) 
         "search", "--slo-p99", "20s", "--space", "llama3-8b-4xa100", "--n-trials", "1",
         "--num-prompts", "200", "--warmup", "20", "--seed", "7", "--tol", "0.1",
         "--max-probes", "4", "--validate", "off", "--study-name", "inh",
-        "--studies-dir", str(studies)])
+        "--prove-top", "0", "--studies-dir", str(studies)])
     assert search.exit_code == 0, search.output
     study = optuna.load_study(study_name="inh", storage=f"sqlite:///{studies / 'inh.db'}")
     searched = StoredTrial.of(study.trials[0]).ceiling
@@ -260,7 +260,7 @@ def test_ceiling_of_a_later_trial_starts_where_the_search_started_it(
         "search", "--slo-p99", "20s", "--space", "llama3-8b-4xa100", "--n-trials", "4",
         "--num-prompts", "200", "--warmup", "20", "--seed", "7", "--tol", "0.1",
         "--max-probes", "4", "--validate", "off", "--study-name", "later",
-        "--studies-dir", str(studies)])
+        "--prove-top", "0", "--studies-dir", str(studies)])
     assert search.exit_code == 0, search.output
     study = optuna.load_study(study_name="later",
                               storage=f"sqlite:///{studies / 'later.db'}")

@@ -282,7 +282,7 @@ def test_report_of_a_real_search_on_the_sim_backend(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     # Every phase's time is said, not only the study's.
     phases = r.output.split("wall time by phase: ", 1)[1].splitlines()[0]
-    for phase in ("study", "refinement", "validation", "report"):
+    for phase in ("study", "proof", "validation", "report"):
         assert f"{phase} " in phases, phases
     r = CliRunner().invoke(app, ["report", "simrep", "--storage",
                                  f"sqlite:///{studies}/simrep.db"])

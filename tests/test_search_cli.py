@@ -90,10 +90,40 @@ def test_unreachable_postgres(tmp_path: Path) -> None:
     _bad(tmp_path, code, err, "cannot open storage")
 
 
+def test_search_screens_fast_and_proves_the_best_once(tmp_path: Path) -> None:
+    """The default: every trial a short screening search (point estimates, at most 4
+    tests, to 15%), then the 2 best configs proven by the full ceiling search, whose
+    ceiling the recommendation and its cap stand on; vLLM's defaults compared at
+    their own (screened) ceiling."""
+    code, out, err = search(tmp_path, "--slo-p99", "10s", "--space", "llama3-8b-4xa100",
+                            "--n-trials", "6", "--study-name", "sp")
+    assert code == 0, err
+    rec = json.loads((tmp_path / "studies" / "sp" / "recommendation.json").read_text())
+    study = optuna.load_study(study_name="sp",
+                              storage=f"sqlite:///{tmp_path / 'studies' / 'sp.db'}")
+    trials = [t.user_attrs["result"] for t in study.trials if "result" in t.user_attrs]
+    assert all(len(r["ceiling"]["probes"]) <= 4 + 2 for r in trials if r.get("ceiling"))
+    screened = [p for r in trials if r.get("ceiling") for p in r["ceiling"]["probes"]
+                if p.get("evidence")]
+    assert screened and all(p["evidence"]["min_duration_s"] <= 20.0 for p in screened)
+    assert "proving the 2 best screened configs" in out
+    proven = rec["ceilings"]
+    assert 1 <= len(proven) <= 2
+    best = next(c for c in proven if c["trial"] == rec["best"]["trial"])
+    assert rec["best"]["max_feasible_rate"] == pytest.approx(best["feasible_max"])
+    assert rec["validation"]["runs"][0]["rate"] == pytest.approx(
+        round(0.9 * best["feasible_max"], 2), abs=0.01)
+    assert any(n.startswith("ranked on proven ceilings") for n in rec["notes"])
+    # The defaults at their own ceiling: a ratio, or the reason there is none.
+    vs = rec["vs_baseline"]
+    assert vs.get("objective_ratio") or vs.get("note")
+    assert "server time in all (study, proof and validation)" in out
+
+
 def test_search_sim_writes_recommendation(tmp_path: Path) -> None:
     code, out, err = search(tmp_path, "--slo-p99", "10s", "--space", "llama3-8b-4xa100",
                             "--num-prompts", "400", "--warmup", "20", "--n-trials", "6",
-                            "--study-name", "e2e")
+                            "--study-name", "e2e", "--prove-top", "0")
     assert code == 0, err
     folder = tmp_path / "studies" / "e2e"
     rec = json.loads((folder / "recommendation.json").read_text())
@@ -321,7 +351,8 @@ REAL_TIME = ("--slo", "p90:ttft<=2s", "--min-duration", "3s", "--max-duration", 
         (["--gpu-ids", "0,x"], "--gpu-ids '0,x'"),
         (["--gpu-ids", "1,1"], "listed twice"),
         (["--startup-timeout", "0"], "--startup-timeout"),
-        (["--refine-top", "-1"], "--refine-top"),
+        (["--refine-top", "-1"], "--prove-top"),
+        (["--prove-top", "-1"], "--prove-top"),
     ],
 )
 def test_bad_server_options_one_line(tmp_path: Path, args: list[str], needle: str) -> None:

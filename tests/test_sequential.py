@@ -19,6 +19,7 @@ from autotune.sequential import (
     operating_point,
     requests_for_power,
 )
+from autotune.testing.queues import mm1_sojourns
 
 P99 = ExceedanceTest.for_percentile(99)
 
@@ -112,19 +113,6 @@ def test_heavy_tailed_latencies_keep_their_error_rates() -> None:
     assert good.count(PASS) / 300 >= 0.8
 
 
-def _mm1_sojourns(rho: float, n: int, seeds: int, rng: np.random.Generator) -> np.ndarray:
-    """Sojourn times of an M/M/1 queue (service rate 1) started in steady state, one
-    column per seed: Lindley's recursion."""
-    a = rng.exponential(1.0 / rho, (n, seeds))
-    s = rng.exponential(1.0, (n, seeds))
-    w = np.where(rng.random(seeds) < rho, rng.exponential(1.0 / (1.0 - rho), seeds), 0.0)
-    out = np.empty((n, seeds))
-    for i in range(n):
-        out[i] = w + s[i]
-        w = np.maximum(w + s[i] - a[i], 0.0)
-    return out
-
-
 def test_a_queue_near_capacity_does_not_pass_by_luck() -> None:
     """An M/M/1 queue at 90% load, its limit set where exactly 1% of sojourns exceed
     it (they are exponential with rate 1 - rho).  Its latencies are correlated for
@@ -133,7 +121,7 @@ def test_a_queue_near_capacity_does_not_pass_by_luck() -> None:
     requests judged every 400)."""
     rng = np.random.default_rng(3)
     rho = 0.9
-    t = _mm1_sojourns(rho, 8000, 160, rng)
+    t = mm1_sojourns(rho, 8000, 160, rng)
     limit = math.log(100.0) / (1.0 - rho)
     with_d = [_decide_path(t[:, j], limit, 400)[0] for j in range(t.shape[1])]
     assert with_d.count(PASS) / len(with_d) <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 160)

@@ -574,3 +574,35 @@ def test_a_trial_failed_by_another_process_while_it_runs_does_not_end_the_study(
     counted = [t for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(counted) == 3 and run.new_trials == 3
     assert any(t.params == trials[0].params for t in counted)
+
+
+def test_a_small_categorical_space_is_covered_before_any_config_repeats(
+        tmp_path: Path) -> None:
+    """Four configs and four trials: each is tried once (TPE's start-up draws repeat a
+    tiny space), the defaults first; a rule-breaking config is never queued."""
+    space = {**SPACE, "parameters": {
+        "tensor_parallel_size": {"type": "categorical", "choices": [1, 4]},
+        "max_num_batched_tokens": {"type": "categorical", "choices": [2048, 8192]},
+        "request_rate": {"type": "float", "low": 2.0, "high": 60.0, "log": True}},
+        "baseline": {"tensor_parallel_size": 1, "max_num_batched_tokens": 8192}}
+    s = _settings(tmp_path, n_trials=4, screen=True,
+                  space=SearchSpace.from_dict(space, source="four.yaml"))
+    run = run_study(s, Recording(), _plan())
+    tried = [(t.params["tensor_parallel_size"], t.params["max_num_batched_tokens"])
+             for t in run.study.get_trials()]
+    assert tried[0] == (1, 8192)
+    assert sorted(tried) == [(1, 2048), (1, 8192), (4, 2048), (4, 8192)]
+
+
+def test_screening_trials_are_short_and_rank_on_point_estimates(tmp_path: Path) -> None:
+    """A screening study: every trial's ceiling search is at most 4 tests of at least
+    20 s (not the full rule's 60 s), and each passing test is a screening pass."""
+    s = _settings(tmp_path, n_trials=3, screen=True)
+    run = run_study(s, Recording(), _plan(400))
+    probes = [p for t in run.study.get_trials() if "result" in t.user_attrs
+              for p in (t.user_attrs["result"].get("ceiling") or {}).get("probes", [])]
+    timed = [p for p in probes if p.get("evidence")]
+    assert timed and all(p["evidence"]["min_duration_s"] == 20.0 for p in timed)
+    for t in run.study.get_trials():
+        ceiling = (t.user_attrs.get("result") or {}).get("ceiling") or {}
+        assert ceiling.get("search_probes", 0) <= 4

@@ -46,7 +46,8 @@ def test_the_twin_learns_the_hidden_server_and_guides_the_study(tmp_path: Path) 
             f"{hidden}:llama-3-8b", "--gpus", "1", "--twin", "--twin-prior", "a100-80gb",
             "--twin-candidates", "2", "--n-trials", "3", "--num-prompts", "60",
             "--warmup", "10", "--max-probes", "4", "--tol", "0.1", "--validate", "off",
-            "--study-name", "tw", "--studies-dir", str(studies)])
+            # Full ceilings per trial: the twin predicts what a trial's search finds.
+            "--prove-top", "0", "--study-name", "tw", "--studies-dir", str(studies)])
     finally:
         os.chdir(cwd)
     assert res.exit_code == 0, res.stdout + res.stderr

@@ -206,3 +206,28 @@ def test_a_comfortable_rate_passes_after_the_minimum(capacity: float) -> None:
     assert ev is not None and 60.0 <= ev.at_s < 180.0
     assert res.summary is not None and res.summary.num_measured == ev.cohort
     assert res.goodput() == pytest.approx(ev.goodput_tokens)
+
+
+def test_a_screening_test_ranks_on_point_estimates_over_a_short_span() -> None:
+    """0.8% of requests over the limit: a P99 that holds, but too close to the
+    allowance for the sequential test to show it in 90 s; a screening test passes it
+    on its point estimate after 20 s, and a 2% share still fails it."""
+    from autotune.verdict import screening
+
+    def late(every: int, seconds: float) -> list[RequestRecord]:
+        recs = _records(20.0, seconds, lambda t: 2.0)
+        for r in recs[::every]:
+            r.end_s = r.scheduled_s + 12.0
+        return recs
+
+    quick = screening(RULE, SLO)
+    assert quick.min_s(SLO) == 20.0 and quick.screen
+    recs = late(125, 90.0)  # 0.8% over 10 s
+    full = judge(_at(recs, 90.0), slo=SLO, offered_rate=20.0, now=90.0, rule=RULE)
+    assert full.verdict == INCONCLUSIVE
+    short = [r for r in recs if r.scheduled_s <= 40.0]
+    ev = judge(_at(short, 40.0), slo=SLO, offered_rate=20.0, now=40.0, rule=quick)
+    assert ev.verdict == PASS, ev.reasons
+    bad = late(50, 40.0)  # 2%
+    ev = judge(_at(bad, 40.0), slo=SLO, offered_rate=20.0, now=40.0, rule=quick)
+    assert ev.verdict != PASS

@@ -84,9 +84,11 @@ def search(
     tokenizer: Annotated[str | None, typer.Option(
         help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
     ] = None,
-    refine_top: Annotated[int, typer.Option(
-        help="After the study, run the ceiling search again on this many best configs "
-             "(each trial already found its config's ceiling; 0: off).")] = 0,
+    prove_top: Annotated[int, typer.Option(
+        "--prove-top", "--refine-top",
+        help="Screen fast, prove once: each trial screens its config with short tests; "
+             "then this many best configs, and vLLM's defaults, get the full "
+             "steady-state ceiling search (0: every trial a full ceiling search).")] = 2,
     min_duration: MinDuration = None,
     max_duration: MaxDuration = None,
     backlog_share: BacklogShare = 0.02,

@@ -962,8 +962,8 @@ def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
         allowance = 1.0 - limit.percentile / 100.0
         if not n or k / n >= allowance:
             continue
-        values = np.concatenate([np.asarray(p.summary.samples.get(limit.metric, ()), float)
-                                 for p in undecided])
+        values = np.concatenate([np.asarray(s.samples.get(limit.metric, ()), float)
+                                 for p in undecided if (s := p.summary) is not None])
         tight = quantile(values, 100.0 - 40.0 * allowance) if values.size else math.nan
         out.append(
             f"{limit.label}: {k} of {n} requests ({k / n:.2%}) exceeded "

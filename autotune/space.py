@@ -354,7 +354,7 @@ class SearchSpace:
             if p.type in ("bool", "categorical"):
                 axes.append(p.grid())
             elif p.type == "int":
-                lo, hi, step = int(p.low), int(p.high), int(p.step or 1)
+                lo, hi, step = int(p.low or 0), int(p.high or 0), int(p.step or 1)
                 if (hi - lo) // step + 1 > limit:
                     return None
                 axes.append(list(range(lo, hi + 1, step)))

@@ -35,6 +35,7 @@ from autotune.errors import AutotuneError
 from autotune.metrics import Summary, quantile_upper_bound
 from autotune.records import RequestRecord
 from autotune.slo import SLO, quantile
+from autotune.verdict import Prior, merge_prior
 from autotune.workload import Request
 
 # A probe that completes fewer requests per second than this share of its offered
@@ -577,7 +578,7 @@ def _takes(probe: ProbeFn, name: str) -> bool:
 
 
 def _call(probe: ProbeFn, rate: float, n: int, repeat: int,
-          prior: tuple[tuple[str, int, int, float], ...] = ()) -> ProbeResult:
+          prior: Prior = ()) -> ProbeResult:
     kwargs: dict[str, Any] = {}
     if repeat and _takes(probe, "repeat"):
         kwargs["repeat"] = repeat
@@ -587,7 +588,7 @@ def _call(probe: ProbeFn, rate: float, n: int, repeat: int,
 
 
 def lent_evidence(probes: Sequence[Probe], rate: float
-                  ) -> tuple[tuple[str, int, int, float], ...]:
+                  ) -> Prior:
     """Evidence for a pass at ``rate`` from every test of a config at a rate at or
     above it: latency grows with the rate, so their exceedances bound this rate's.
     Each lends its requests up to the moment its own evidence first leaned unsafe by a
@@ -597,19 +598,9 @@ def lent_evidence(probes: Sequence[Probe], rate: float
     search's pass decisions share the false-pass rate (``search_looks``)."""
     if not math.isfinite(rate):
         return ()
-    pooled: dict[str, list[float]] = {}
-    for p in probes:
-        ev = p.evidence
-        if (ev is None or p.phase in UNCOUNTED or not math.isfinite(p.rate)
-                or p.rate < rate):
-            continue
-        for lim in ev.limits:
-            got = pooled.setdefault(lim.label, [0, 0, 1.0])
-            got[0] += lim.lend_n
-            got[1] += lim.lend_exceed
-            got[2] = max(got[2], lim.dispersion)
-    return tuple((label, int(v[0]), int(v[1]), float(v[2]))
-                 for label, v in pooled.items() if v[0] > 0)
+    return merge_prior([p.evidence.lent() for p in probes
+                        if p.evidence is not None and p.phase not in UNCOUNTED
+                        and math.isfinite(p.rate) and p.rate >= rate])
 
 
 class _Search:
@@ -641,7 +632,7 @@ class _Search:
     def left(self) -> int:
         return self.budget - self.used
 
-    def prior_for(self, rate: float) -> tuple[tuple[str, int, int, float], ...]:
+    def prior_for(self, rate: float) -> Prior:
         return lent_evidence(self.probes, rate)
 
     def run_one(self, rate: float, n: int, phase: str, repeat: int = 0,
@@ -1274,7 +1265,7 @@ class BackendProbe:
                         steady=self.steady if math.isfinite(rate) else None)
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
-                 prior: tuple[tuple[str, int, int, float], ...] = (),
+                 prior: Prior = (),
                  light: bool = False) -> ProbeResult:
         from autotune.trial import PRUNED, probe
 

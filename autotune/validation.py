@@ -11,15 +11,13 @@ not pass steps down 5% and is run again, and the output says so.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.trial import Backend, LoadPlan, TrialResult, evaluate
-from autotune.verdict import PASS, SteadyState
+from autotune.verdict import PASS, Prior, SteadyState, merge_prior
 
-# Pooled evidence per limit: (label, requests, exceedances, clustering).
-Prior = tuple[tuple[str, int, int, float], ...]
 DEFAULT_VALIDATE_S = 300.0
 STEP_DOWN = 0.05
 # Runs at most: the cap and its step-downs (each one pooled pass decision).
@@ -131,8 +129,7 @@ def validate_cap(
         res = evaluate(backend, flags, rate,
                        replace(long_plan, steady=replace(steady, prior=prior)))
         if res.evidence is not None:
-            lent.append(tuple((lim.label, lim.lend_n, lim.lend_exceed, lim.dispersion)
-                              for lim in res.evidence.limits if lim.lend_n))
+            lent.append(res.evidence.lent())
         run = _run_of(res, rate, backend.source)
         out.runs.append(run)
         if on_result is not None:  # the whole result, e.g. for experiments.csv
@@ -143,16 +140,6 @@ def validate_cap(
             break
         rate = round(rate * (1.0 - STEP_DOWN), 4)
     return out
-
-
-def merge_prior(parts: Sequence[Prior]) -> Prior:
-    """Pooled evidence from several sources, summed per limit (clustering: the most)."""
-    total: dict[str, list[float]] = {}
-    for part in parts:
-        for label, n, k, d in part:
-            got = total.setdefault(label, [0, 0, 1.0])
-            got[0], got[1], got[2] = got[0] + n, got[1] + k, max(got[2], d)
-    return tuple((label, int(v[0]), int(v[1]), float(v[2])) for label, v in total.items())
 
 
 def _run_of(res: TrialResult, rate: float, source: str) -> ValidationRun:

@@ -71,6 +71,22 @@ def horizon(slo: SLO) -> float:
                default=0.0)
 
 
+# Pooled evidence per limit: (label, judged, over the limit, clustering).
+Prior = tuple[tuple[str, int, int, float], ...]
+
+
+def merge_prior(parts: Sequence[Prior]) -> Prior:
+    """Pooled evidence from several sources, summed per limit (clustering: the most);
+    limits with nothing judged are left out."""
+    total: dict[str, list[float]] = {}
+    for part in parts:
+        for label, n, k, d in part:
+            got = total.setdefault(label, [0, 0, 1.0])
+            got[0], got[1], got[2] = got[0] + n, got[1] + k, max(got[2], d)
+    return tuple((label, int(v[0]), int(v[1]), float(v[2]))
+                 for label, v in total.items() if v[0] > 0)
+
+
 # The longest a test runs by default, whatever its rate needs: the seed chapter's
 # 5-10 minute steady-state runs.  ``--max-duration`` overrides it.
 DEFAULT_HARD_CAP_S = 600.0
@@ -134,7 +150,7 @@ class SteadyState:
     # (label, judged, over the limit, clustering).  Latency grows with the rate, so
     # their exceedances bound this rate's from above: they count toward a pass here,
     # never toward a fail (see autotune.ceiling).
-    prior: tuple[tuple[str, int, int, float], ...] = ()
+    prior: Prior = ()
     # The pass decisions that share the false-pass rate 1 - confidence (Bonferroni):
     # a ceiling search that may pass any of its tests, pooled, divides it among them.
     looks: int = 1
@@ -303,6 +319,11 @@ class Evidence:
 
     def sentence(self) -> str:
         return f"{self.verdict}: " + "; ".join(self.reasons)
+
+    def lent(self) -> Prior:
+        """What this test lends to a pooled test at a lower rate, per limit."""
+        return tuple((lim.label, lim.lend_n, lim.lend_exceed, lim.dispersion)
+                     for lim in self.limits if lim.lend_n)
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: _num(v) for k, v in asdict(self).items() if k != "limits"}

@@ -11,8 +11,10 @@ process meanwhile.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -155,8 +157,9 @@ def run_seated_trial(study: optuna.Study, objective: Callable[[optuna.Trial], fl
             raise
 
     try:
-        study.optimize(seated, n_trials=1, timeout=timeout, callbacks=list(callbacks),
-                       catch=(), gc_after_trial=False)
+        with _quiet_surplus(seen):
+            study.optimize(seated, n_trials=1, timeout=timeout, callbacks=list(callbacks),
+                           catch=(), gc_after_trial=False)
     except Surplus:
         requeue_number(study, seen.get("number"))
         return SeatedTrial(seen.get("number"), "surplus")
@@ -170,6 +173,29 @@ def run_seated_trial(study: optuna.Study, objective: Callable[[optuna.Trial], fl
             raise
         return SeatedTrial(number, "finished elsewhere")
     return SeatedTrial(seen.get("number"), "ran")
+
+
+@contextlib.contextmanager
+def _quiet_surplus(seen: dict[str, Any]) -> Iterator[None]:
+    """Keep Optuna from logging a surplus trial as a failure with its traceback.
+
+    Surplus is raised inside the objective (the seat is known only once the trial has a
+    number), so Optuna's loop logs it as any failure would: a traceback in a worker's
+    log for a trial that never ran, which reads as a crash.  Only the lines about that
+    one trial are dropped; the trial itself is still stored as FAIL with reason
+    "surplus"."""
+    log = logging.getLogger("optuna.study._optimize")
+
+    def keep(record: logging.LogRecord) -> bool:
+        if not isinstance(seen.get("raised"), Surplus):
+            return True
+        return not str(record.msg).startswith(f"Trial {seen.get('number')} failed")
+
+    log.addFilter(keep)
+    try:
+        yield
+    finally:
+        log.removeFilter(keep)
 
 
 def _failed(study: optuna.Study, number: int) -> bool:

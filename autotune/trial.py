@@ -344,11 +344,26 @@ class _SteadyFeed:
         certain = ev.verdict != INCONCLUSIVE and (
             ev.verdict != FAIL or self.rule.stop_when_failed
             or ev.at_s >= self.rule.min_s(self.plan.slo))
-        if certain or ev.at_s >= self.max_s or over:
+        if certain or ev.at_s >= self.cap_s(ev) or over:
             self.cut = over and ev.verdict == INCONCLUSIVE and ev.at_s < self.max_s
             self.stopped_at = now
             return True
         return False
+
+
+    def cap_s(self, ev: Evidence) -> float:
+        """The test's cap, given what it has seen.  A TPOT or ITL limit judges a request
+        only twice the longest stay after its arrival (verdict.cohort_horizon), later
+        than the cap planned for: the cap moves out by that difference so that the
+        cohort judged at the end is the size the cap was planned for (a 70B model's
+        long replies held the cohort of a 60 s screening test to its first 15 s: every
+        config failed its screening).  Never past ``--max-duration`` or the hard cap."""
+        from autotune.verdict import horizon
+
+        if self.rule.max_duration_s is not None:
+            return self.max_s
+        extra = max(ev.horizon_s - horizon(self.plan.slo), 0.0)
+        return max(self.max_s, min(self.max_s + extra, self.rule.hard_cap_s(self.plan.slo)))
 
 
 def _judged(records: Sequence[RequestRecord], cutoff: float, slo: SLO

@@ -67,11 +67,13 @@ BENCHMARKS = [
     Bench("ceiling_probes", "3. Ceiling probes vs 1 req/s step-down", "ceiling_probes.py",
           "output"),
     Bench("sim_speed", "6. Simulator speed", "sim_speed.py", "stdout"),
-    # Two seeds per scenario: one seed of all four scenarios took 14 minutes of both
-    # cores of this 2-core machine once the truth was cached (the truth: about 5 more
-    # per scenario, once); ten seeds would take over two hours.  `--seeds N` runs more.
+    # Three seeds per scenario, of the methods issue 32 judges (autotune's screen and
+    # proof, auto_tune.sh's grid, a ceiling per config): the truth cached, about 15
+    # minutes of both cores of this 2-core machine.  The other methods (random, joint
+    # TPE, pre-screen, twin) run with `--methods`; ten seeds with `--seeds 10`.
     Bench("search_scenarios", "1-2. Search methods on a scenario suite, one truth",
-          "search_scenarios.py", "output", full_args=("--seeds", "2")),
+          "search_scenarios.py", "output",
+          full_args=("--seeds", "3", "--methods", "autotune,autotune_sh,grid_ceiling")),
     # One engine thread: the load generator needs the other core (the fit is better so);
     # the full run re-calibrates the shipped cpu-tiny profile it validates.
     Bench("sim_fidelity", "6. Simulator fidelity against real vLLM on this CPU",

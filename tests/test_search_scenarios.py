@@ -103,10 +103,17 @@ def test_smoke_run_has_every_method_and_finite_figures(tmp_path: Path) -> None:
     assert all(c["ceiling"] <= c["first_fail"] for c in truth["configs"] if c["ceiling"])
     # Every autotune answer was run for the safety check.
     assert data["methods"]["autotune"]["safety"]["unchecked"] == 0
-    assert set(data["targets"]) >= {"autotune/autotune_sh", "autotune/random_ceiling",
-                                    "within_3pct_share", "unsafe_answers"}
+    assert set(data["targets"]) >= {"autotune/autotune_sh", "autotune/grid_ceiling",
+                                    "within_3pct_share", "unsafe_answers", "cap_share"}
+    # autotune answers once, with the proof's config and cap: screening caps never count.
+    auto = next(r for r in data["per_run"] if r["method"] == "autotune")
+    assert auto["proof"]["proven"] and auto["final_config"] == auto["proof"]["config"]
+    assert auto["final_cap"] == auto["proof"]["cap"]
+    # Every method's answer got the same long safety run, auto_tune.sh's included.
+    assert all(r.get("safe") is not None for r in data["per_run"] if r["final_cap"])
     lines = ss.markdown(data)
     assert any(line.startswith("**Headline (same run): autotune/autotune_sh") for line in lines)
+    assert any(line.startswith("**Headline (same run): autotune/grid_ceiling") for line in lines)
     assert any(line.startswith("**Headline (same run): twin/grid_ceiling") for line in lines)
     # The twin stops at its own trial count and reports its CPU beside its server time.
     twin = next(r for r in data["per_run"] if r["method"] == "twin")
@@ -145,6 +152,24 @@ def test_summarise_reads_rows_alone_and_ratios_twin_against_the_grid() -> None:
     assert got["targets"]["twin/grid_ceiling"]["met"] is False
     assert "autotune/autotune_sh" not in got["ratios"]  # a method without rows: no ratio
     assert got["methods"]["twin"]["safety"] == {"checked": 2, "unsafe": 0, "unchecked": 0}
+
+
+def test_an_answer_that_fails_the_long_run_never_reaches_but_auto_tune_sh_is_unchecked(
+) -> None:
+    sc = ss.SMOKE_SCENARIO
+    w = _world()
+    w.truth[sc.name]["configs"] = [{"key": "a", "goodput_tokens": 1000.0, "ceiling": 10.0}]
+    runs = [{"scenario": sc.name, "method": m, "seed": 0, "events": [[50.0, "a", 9.0]],
+             "total_server_s": 60.0} for m in ("autotune", "autotune_sh", "grid_ceiling")]
+    safety = {(sc.name, "a", 9.0): {"passed": False}}
+    rows = {r["method"]: r for r in ss.judge(w, runs, safety)}
+    assert rows["autotune"]["reached"] is False and rows["autotune"]["reached_unsafe"]
+    assert rows["grid_ceiling"]["server_s_to_within"] is None
+    assert rows["autotune_sh"]["server_s_to_within"] == 50.0  # its pick, as issue 32 asks
+    assert rows["autotune_sh"]["safe"] is False  # and its cap is still checked
+    assert rows["autotune"]["cap_share"] == pytest.approx(0.9)
+    safe = ss.judge(w, runs, {(sc.name, "a", 9.0): {"passed": True}})
+    assert all(r["server_s_to_within"] == 50.0 for r in safe)
 
 
 def _world(seeds: tuple[int, ...] = (0,)) -> ss.World:

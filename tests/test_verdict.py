@@ -231,3 +231,27 @@ def test_a_screening_test_ranks_on_point_estimates_over_a_short_span() -> None:
     bad = late(50, 40.0)  # 2%
     ev = judge(_at(bad, 40.0), slo=SLO, offered_rate=20.0, now=40.0, rule=quick)
     assert ev.verdict != PASS
+
+
+def test_a_tpot_screening_test_runs_until_its_long_replies_are_judged() -> None:
+    """A 70B model's long replies stay 20 s and more: a TPOT's cohort is judged two
+    longest stays after arrival and the queue fills for as long, so a 22 s screening test
+    of a config far under its ceiling judged too few requests and saw its backlog
+    still filling.  Its cap moves out by the stays it sees, and it passes."""
+    from autotune.verdict import screening
+
+    rate = 8.0
+    slo = parse_slo("p99:ttft<=2s,p99:tpot<=100ms")
+    rng = np.random.default_rng(0)
+    reqs = [Request("x", int(i), int(o)) for i, o in zip(
+        rng.integers(50, 800, 1500), rng.integers(20, 1600, 1500), strict=True)]
+    rule = screening(SteadyState(), slo)
+    plan = LoadPlan(slo=slo, requests=reqs[100:], warmup_requests=reqs[:100], warmup=100,
+                    seed=0, steady=rule)
+    flags = {"model": "meta-llama/Meta-Llama-3-70B-Instruct", "tensor_parallel_size": 8,
+             "max_num_seqs": 256, "max_num_batched_tokens": 8192, "max_model_len": 8192}
+    res = evaluate(SimBackend("8xh100-80gb", "llama-3-70b"), flags, rate, plan)
+    ev = res.evidence
+    assert ev is not None and res.feasible, res.detail
+    assert ev.at_s > rule.max_s(slo, rate) and ev.at_s >= ev.horizon_s  # moved out
+    assert ev.cohort >= rule.pass_n(slo)

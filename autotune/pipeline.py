@@ -375,7 +375,7 @@ class LiveView:
         self.live: Live | None = None
         self.how = (SIMULATED if backend == "sim"
                     else MEASURED)
-        self.shown: dict[tuple[int, float], float] = {}  # progress line last printed at
+        self.shown: dict[tuple[str, int, float], float] = {}  # progress line last printed at
 
     def __enter__(self) -> LiveView:
         if self.out.is_terminal:
@@ -396,7 +396,7 @@ class LiveView:
             t.add_row(*row)
         return t
 
-    def probe(self, number: int, p: Any) -> None:
+    def probe(self, number: int, p: Any, what: str = "trial") -> None:
         """Each load test of a trial's rate search as it ends: a plain line, so a log
         file or a pod shows progress while a real trial runs for minutes."""
         if self.how.startswith("simulated"):
@@ -405,23 +405,23 @@ class LiveView:
         ev = p.evidence
         how = "" if ev is None else (f" after {ev.at_s:.0f} s of arrivals, {ev.cohort} "
                                      f"requests judged: {ev.reasons[0][:100]}")
-        self.out.print(f"  trial {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
+        self.out.print(f"  {what} {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
                        f" {p.verdict}{how}", soft_wrap=True, highlight=False, markup=False)
 
-    def progress(self, number: int, rate: float, ev: Any) -> None:
+    def progress(self, number: int, rate: float, ev: Any, what: str = "trial") -> None:
         """A running load test, every ``PROGRESS_EVERY_S`` of its arrivals: a plain line
         (sent, completed, in flight, judged, the served share, each limit so far, the
         verdict so far), so a log shows a real test of minutes moving."""
         if self.how.startswith("simulated") or math.isinf(rate):
             return
-        key = (number, rate)
+        key = (what, number, rate)
         if ev.at_s < self.shown.get(key, 0.0) + PROGRESS_EVERY_S:
             return
         self.shown[key] = ev.at_s
         limits = ", ".join(f"{lim.label} {lim.observed_s:.3g} s" for lim in ev.limits)
         served = (f"{100 * ev.served_share:.0f}% of arrivals served"
                   if math.isfinite(ev.served_share) else "none served yet")
-        self.out.print(f"  trial {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
+        self.out.print(f"  {what} {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
                        f"{ev.sent} sent, {ev.completed} completed, "
                        f"{ev.sent - ev.completed} in flight, {ev.cohort} judged, {served}, "
                        f"{limits} so far: {ev.verdict} so far",
@@ -546,7 +546,7 @@ def run_search(o: SearchOptions) -> int:
         ceilings: list[Any] = []
         if o.prove_top:
             t0 = time.monotonic()
-            ceilings = _prove(o, plan, run, backend, load_plan, out,
+            ceilings = _prove(o, plan, run, backend, load_plan, out, view,
                               deadline_s=None if plan.settings.budget_s is None
                               else server0 + plan.settings.budget_s)
             rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
@@ -614,9 +614,10 @@ def run_search(o: SearchOptions) -> int:
 
 
 def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
-           out: Console, *, deadline_s: float | None = None) -> list[Any]:
+           out: Console, view: LiveView, *, deadline_s: float | None = None) -> list[Any]:
     """Prove once: the full steady-state ceiling search on the best screened configs,
-    on the study's backend."""
+    on the study's backend; its load tests report as the study's do (a real proof runs
+    for many minutes)."""
     from autotune.study import refine_ceilings
 
     how = SIMULATED if backend.mode == "virtual" else MEASURED
@@ -631,7 +632,10 @@ def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
     return refine_ceilings(run.rows, backend, load_plan, top_k=o.prove_top,
                            headroom=o.headroom, tol=o.tol, max_probes=o.max_probes,
                            out_dir=plan.settings.out_dir, on_ceiling=show,
-                           deadline_s=deadline_s)
+                           deadline_s=deadline_s,
+                           on_probe=lambda n, p: view.probe(n, p, "proof of trial"),
+                           on_progress=lambda n, r, ev: view.progress(n, r, ev,
+                                                                      "proof of trial"))
 
 
 def _report(plan: Plan, out: Console) -> None:

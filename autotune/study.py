@@ -938,6 +938,8 @@ def refine_ceilings(
     out_dir: Path | None = None,
     on_ceiling: Callable[[RefinedCeiling], None] | None = None,
     deadline_s: float | None = None,
+    on_probe: Callable[[int, Any], None] | None = None,
+    on_progress: Callable[[int, float, Any], None] | None = None,
 ) -> list[RefinedCeiling]:
     """Run ``find_ceiling`` on the ``top_k`` best feasible configs, starting at each
     trial's rate, on the study's backend (one server start per config, reused across its
@@ -968,8 +970,13 @@ def refine_ceilings(
                              seed=plan.seed, window_s=plan.window_s,
                              request_timeout_s=plan.request_timeout_s, steady=steady,
                              deadline_s=deadline_s)
+        number = row.number
+        if on_progress is not None:
+            probe.on_evidence = (lambda rate, ev, k=number: on_progress(k, rate, ev))
         try:
             result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
+                                  on_probe=None if on_probe is None else (
+                                      lambda p, k=number: on_probe(k, p)),
                                   max_probes=max_probes, num_prompts=n,
                                   max_num_prompts=2 * max(n, need), headroom=headroom,
                                   lowest_rate=None if steady is None

@@ -114,6 +114,9 @@ def test_smoke_run_has_every_method_and_finite_figures(tmp_path: Path) -> None:
     lines = ss.markdown(data)
     assert any(line.startswith("**Headline (same run): autotune/autotune_sh") for line in lines)
     assert any(line.startswith("**Headline (same run): autotune/grid_ceiling") for line in lines)
+    # The page says when each method answers, and autotune's whole run beside the grid's.
+    assert any(line.startswith("autotune answers once, when its proof ends") and
+               "Whole runs: autotune" in line for line in lines)
     assert any(line.startswith("**Headline (same run): twin/grid_ceiling") for line in lines)
     # The twin stops at its own trial count and reports its CPU beside its server time.
     twin = next(r for r in data["per_run"] if r["method"] == "twin")

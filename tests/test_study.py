@@ -367,9 +367,12 @@ def test_refine_ceilings_writes_what_the_report_reads(tmp_path: Path) -> None:
     backend.prepared.clear()
     restarts = backend.restarts
     seen: list[Any] = []
+    probed: list[tuple[int, int]] = []  # what a real proof prints as its tests end
     ceilings = refine_ceilings(rows_from_study(run.study), backend, plan, top_k=2,
-                               max_probes=4, out_dir=s.out_dir, on_ceiling=seen.append)
+                               max_probes=4, out_dir=s.out_dir, on_ceiling=seen.append,
+                               on_probe=lambda n, p: probed.append((n, p.index)))
     assert [c.trial for c in ceilings] == [r.number for r in tops] == [c.trial for c in seen]
+    assert probed == [(c.trial, p.index) for c in ceilings for p in c.result.probes]
     for c, row in zip(ceilings, tops, strict=True):
         assert c.start_rate == row.rate
         assert c.result.probes[0].rate == pytest.approx(row.rate)  # starts at the trial's rate

@@ -559,7 +559,9 @@ def run_search(o: SearchOptions) -> int:
             t0 = time.monotonic()
             proof = next((c.result for c in ceilings if c.trial == rec.best.trial
                           and hasattr(c.result, "probes")), None)
-            _validate_cap(rec, backend, load_plan, plan, out, proof=proof)
+            _validate_cap(rec, backend, load_plan, plan, out, proof=proof,
+                          deadline_s=None if plan.settings.budget_s is None
+                          else server0 + plan.settings.budget_s + plan.validate_s)
             phases["validation"] = time.monotonic() - t0
         _rate_table(rec, run.study, backend)
     except rec_mod.RecommendError as exc:
@@ -774,15 +776,18 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
 
 
 def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console, *,
-                  proof: Any = None) -> None:
+                  proof: Any = None, deadline_s: float | None = None) -> None:
     """The recommended config at its cap for ``--validate`` (the seed's 5 minutes);
     with its ``proof`` (a CeilingResult), each run pools the proof's tests at or above
-    its rate, as that search's own tests do."""
+    its rate, as that search's own tests do.  ``deadline_s`` (the backend's server_s
+    clock): the --budget's end, where a run is cut and no further run starts."""
     from dataclasses import replace
 
     from autotune.ceiling import lent_evidence, search_steady
     from autotune.validation import validate_cap
 
+    if deadline_s is not None:
+        load_plan = replace(load_plan, deadline_s=deadline_s)
     if proof is not None and load_plan.steady is not None:
         load_plan = replace(load_plan, steady=search_steady(load_plan.steady,
                                                             plan.settings.max_probes))

@@ -131,12 +131,16 @@ def validate_cap(
         if res.evidence is not None:
             lent.append(res.evidence.lent())
         run = _run_of(res, rate, backend.source)
+        if res.budget_cut:
+            run = replace(run, reasons=(*run.reasons, "cut where the --budget ran out"))
         out.runs.append(run)
         if on_result is not None:  # the whole result, e.g. for experiments.csv
             on_result(res)
         if on_run is not None:
             on_run(run)
-        if run.verdict == PASS or res.summary is None:
+        # The plan's ``deadline_s`` (a --budget) ends the validation where it ends: no
+        # run starts after it, so an undecided run cannot take three hard caps' time.
+        if run.verdict == PASS or res.summary is None or res.budget_cut:
             break
         rate = round(rate * (1.0 - STEP_DOWN), 4)
     return out

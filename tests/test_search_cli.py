@@ -464,3 +464,5 @@ def test_a_server_that_crashes_in_every_trial_fails_each_trial_and_the_study_goe
         assert not port_listening("127.0.0.1", port)
     assert live() == []
     assert "no recommendation: no trial met the SLO" in out + err, out + err
+    # ...and how the run ended (a --budget that ran out is what to raise first).
+    assert "(this run: 2 new trials, " in err and "stopped by n_trials)" in err, err

@@ -356,7 +356,7 @@ class _SteadyFeed:
         only twice the longest stay after its arrival (verdict.cohort_horizon), later
         than the cap planned for: the cap moves out by that difference so that the
         cohort judged at the end is the size the cap was planned for (a 70B model's
-        long replies held the cohort of a 60 s screening test to its first 15 s: every
+        long replies held a 74 s screening test's judged cohort to 167 requests: every
         config failed its screening).  Never past ``--max-duration`` or the hard cap."""
         from autotune.verdict import horizon
 

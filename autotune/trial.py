@@ -31,7 +31,7 @@ from autotune.metrics import MEASURED, SIMULATED, Summary, summarize
 from autotune.pruning import OverloadPruner, PruneDecision, Window, window_evidence
 from autotune.records import RequestRecord
 from autotune.slo import SLO, SLOCheck
-from autotune.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, SteadyState, judge
+from autotune.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, SteadyState, horizon, judge
 from autotune.workload import Request
 
 if TYPE_CHECKING:
@@ -344,12 +344,12 @@ class _SteadyFeed:
         certain = ev.verdict != INCONCLUSIVE and (
             ev.verdict != FAIL or self.rule.stop_when_failed
             or ev.at_s >= self.rule.min_s(self.plan.slo))
-        if certain or ev.at_s >= self.cap_s(ev) or over:
-            self.cut = over and ev.verdict == INCONCLUSIVE and ev.at_s < self.max_s
+        cap = self.cap_s(ev)
+        if certain or ev.at_s >= cap or over:
+            self.cut = over and ev.verdict == INCONCLUSIVE and ev.at_s < cap
             self.stopped_at = now
             return True
         return False
-
 
     def cap_s(self, ev: Evidence) -> float:
         """The test's cap, given what it has seen.  A TPOT or ITL limit judges a request
@@ -358,8 +358,6 @@ class _SteadyFeed:
         cohort judged at the end is the size the cap was planned for (a 70B model's
         long replies held a 74 s screening test's judged cohort to 167 requests: every
         config failed its screening).  Never past ``--max-duration`` or the hard cap."""
-        from autotune.verdict import horizon
-
         if self.rule.max_duration_s is not None:
             return self.max_s
         extra = max(ev.horizon_s - horizon(self.plan.slo), 0.0)
@@ -496,8 +494,6 @@ def _final_evidence(feed: _SteadyFeed, run: LoadRun, plan: LoadPlan, rate: float
                     ) -> tuple[list[RequestRecord], Evidence]:
     """The verdict a test ended on: the stop rule's, or (arrivals ran out first) a
     last judgement over everything that finished."""
-    from autotune.verdict import horizon
-
     if feed.stopped_at is not None and feed.evidence is not None:
         cutoff = feed.stopped_at - horizon(plan.slo)
         return _judged(run.records, cutoff, plan.slo), feed.evidence

@@ -99,19 +99,42 @@ class SearchOptions:
         object.__setattr__(self, "studies_dir", Path(self.studies_dir))
 
 
+@dataclass(frozen=True)
+class ProofSize:
+    """The proof after a screened study, for the time estimate: ``configs`` proven
+    (--prove-top), each by 1 to ``max_probes`` full tests of ``min_s`` to ``max_s``."""
+
+    configs: int
+    min_s: float
+    max_s: float
+    max_probes: int
+
+
+def _span_s(lo: float, hi: float) -> str:
+    return f"{lo:g} s" if lo == hi else f"{lo:g} to {hi:g} s"
+
+
 def time_estimate(*, n_trials: int, min_s: float, max_s: float, max_probes: int,
-                  validate_s: float | None, budget_s: float | None, virtual: bool) -> str:
+                  validate_s: float | None, budget_s: float | None, virtual: bool,
+                  proof: ProofSize | None = None) -> str:
     """How long a study may take, before it starts: each trial is one server start and
     its load tests; a config that cannot beat the best so far stops after one test, the
-    first ones (no incumbent) run a saturation probe and a whole rate search."""
+    first ones (no incumbent) run a saturation probe and a whole rate search.  With
+    ``proof``, the trials' tests are screening tests and the proof's full tests follow."""
     def span(seconds: float) -> str:
         return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
     low = (n_trials + 3) * min_s
     high = n_trials * max_probes * max_s
-    text = (f"time: {n_trials} trials of 1 to {max_probes} (--max-probes) load tests of "
-            f"{min_s:g} to {max_s:g} s: about {span(low)} to {span(high)} of load tests, "
-            f"plus a server start per trial")
+    tests = f"1 to {max_probes} (--max-probes) load tests of {_span_s(min_s, max_s)}"
+    if proof is not None:
+        tests = (f"1 to {max_probes} screening tests of {_span_s(min_s, max_s)}, then the "
+                 f"{proof.configs} best proven by 1 to {proof.max_probes} (--max-probes) "
+                 f"tests of {_span_s(proof.min_s, proof.max_s)} each")
+        low += proof.configs * proof.min_s
+        high += proof.configs * proof.max_probes * proof.max_s
+    text = (f"time: {n_trials} trials of {tests}: about {span(low)} to {span(high)} of "
+            "load tests, plus a server start per trial")
     if validate_s:
         text += f" and the {span(validate_s)} validation"
     if budget_s is not None:
@@ -512,12 +535,7 @@ def run_search(o: SearchOptions) -> int:
               f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
               f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
               "its steady-state verdict is certain", soft_wrap=True)
-    out.print(time_estimate(
-        n_trials=plan.settings.n_trials or 0, min_s=rule.min_s(plan.slo),
-        max_s=rule.max_s(plan.slo), max_probes=plan.settings.max_probes,
-        validate_s=plan.validate_s, budget_s=None if plan.settings.budget_s is None
-        else plan.settings.budget_s + (plan.validate_s or 0.0),
-        virtual=plan.backend == "sim"), soft_wrap=True)
+    out.print(_time_line(plan, rule, o.prove_top), soft_wrap=True)
     enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
     # The first configs come from the simulator whenever a profile is known: a real
     # study given --profile is pre-screened unless told otherwise.
@@ -617,6 +635,24 @@ def run_search(o: SearchOptions) -> int:
     out.print("wall time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
               + f" ({sum(phases.values()):.1f} s in all)", soft_wrap=True)
     return 0
+
+
+def _time_line(plan: Plan, rule: Any, prove_top: int) -> str:
+    """The study's time estimate: screening tests then the proof's, or full tests."""
+    from autotune.study import SCREEN_PROBES
+    from autotune.verdict import screening
+
+    s, slo = plan.settings, plan.slo
+    proof, probes = None, s.max_probes
+    if s.screen and rule is not None:
+        proof = ProofSize(prove_top, rule.min_s(slo), rule.max_s(slo), s.max_probes)
+        rule, probes = screening(rule, slo), min(s.max_probes, SCREEN_PROBES)
+    return time_estimate(
+        n_trials=s.n_trials or 0, min_s=rule.min_s(slo) if rule is not None else 0.0,
+        max_s=rule.max_s(slo) if rule is not None else 0.0, max_probes=probes,
+        validate_s=plan.validate_s, budget_s=None if s.budget_s is None
+        else s.budget_s + (plan.validate_s or 0.0), virtual=plan.backend == "sim",
+        proof=proof)
 
 
 def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,

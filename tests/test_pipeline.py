@@ -54,7 +54,9 @@ def test_run_search_as_a_library_writes_the_recommendation(
                                     studies_dir=tmp_path / "runs" / "mine", validate="off"))
     assert code == 0  # --studies-dir is created, whatever its name (its parent too)
     # Before it starts, the search says how long it may take (plain text: no terminal).
-    assert "time: 3 trials of 1 to 8 (--max-probes) load tests" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "time: 3 trials of 1 to 4 screening tests of " in said  # screen, then prove
+    assert "then the 2 best proven by 1 to 8 (--max-probes) tests of " in said
     rec = json.loads((tmp_path / "runs" / "mine" / "lib" / "recommendation.json").read_text())
     assert rec["best"]["max_feasible_rate"] > 0 and rec["validation"] is None
     # The Optuna study itself says how it was measured (optuna-dashboard shows these).
@@ -120,6 +122,20 @@ def test_time_estimate_names_the_range_and_the_budget() -> None:
     roomy = time_estimate(n_trials=2, min_s=60, max_s=180, max_probes=2, validate_s=None,
                           budget_s=7200, virtual=True)
     assert "before the longest case" not in roomy and "virtual time" in roomy
+
+
+def test_a_screened_study_estimates_its_screening_and_its_proof() -> None:
+    """The real study's line described full tests of 120-360 s for trials that ran
+    40 s screening tests, and left the proof out."""
+    from autotune.pipeline import ProofSize, time_estimate
+
+    text = time_estimate(n_trials=8, min_s=40, max_s=40, max_probes=4, validate_s=300,
+                         budget_s=1500, virtual=False,
+                         proof=ProofSize(configs=2, min_s=120, max_s=360, max_probes=4))
+    assert ("8 trials of 1 to 4 screening tests of 40 s, then the 2 best proven by 1 "
+            "to 4 (--max-probes) tests of 120 to 360 s each") in text
+    # (8 + 3) x 40 s + 2 x 120 s = 11 min; 8 x 4 x 40 s + 2 x 4 x 360 s = 69 min.
+    assert "about 11 min to 69 min of load tests" in text
 
 
 def test_a_running_real_load_test_prints_a_plain_progress_line_every_30_s() -> None:

@@ -14,9 +14,11 @@ import asyncio
 import importlib.util
 import json
 import math
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
@@ -581,6 +583,40 @@ async def run_load_test(
         duration_s=time.perf_counter() - start, model=model, config=config.to_dict())
 
 
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def _stoppable(coro: Coroutine[Any, Any, LoadTestResult]) -> LoadTestResult:
+    """Run ``coro`` so that a stop signal ends it.  Python runs a signal's handler
+    between two bytecodes of the main thread, which is mostly inside the loop's
+    callbacks; uvloop logs an exception raised there ("Fatal error on transport") and
+    goes on, so SIGTERM in a load test was lost and the command ran to its end.  The
+    loop takes the signals instead: the test is cancelled (its streams close), the
+    handlers that were there come back, and the signal is raised again for them."""
+    if threading.current_thread() is not threading.main_thread():
+        return await coro
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro)
+    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    taken = [sig for sig, handler in previous.items() if callable(handler)]
+    got: list[int] = []
+
+    def stop(signum: int) -> None:
+        got.append(signum)
+        task.cancel()
+
+    for sig in taken:
+        loop.add_signal_handler(sig, stop, sig)
+    try:
+        return await task
+    finally:
+        for sig in taken:
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, previous[sig])
+        if got:
+            signal.raise_signal(got[0])
+
+
 def run_load_test_sync(
     config: LoadTestConfig,
     requests: Sequence[Request],
@@ -590,8 +626,8 @@ def run_load_test_sync(
     on_progress: ProgressCallback | None = None,
 ) -> LoadTestResult:
     """``run_load_test`` on a fresh event loop (uvloop when it is installed)."""
-    coro = run_load_test(config, requests, warmup_requests=warmup_requests,
-                         on_window=on_window, on_progress=on_progress)
+    coro = _stoppable(run_load_test(config, requests, warmup_requests=warmup_requests,
+                                    on_window=on_window, on_progress=on_progress))
     try:
         import uvloop  # type: ignore[import-not-found]
     except ImportError:

@@ -492,6 +492,7 @@ def run_search(o: SearchOptions) -> int:
     report.  Returns the exit code (0, 1 when no config met the SLO, 130 on Ctrl-C)."""
     from autotune import recommend as rec_mod
     from autotune.optuna_adapter import quiet_logging
+    from autotune.servers.process import interrupted_code
     from autotune.storage import mask_url, open_storage
     from autotune.study import rate_bounds, run_study
 
@@ -595,10 +596,14 @@ def run_search(o: SearchOptions) -> int:
         err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
         _report(plan, out)  # the trials that ran are still worth a look
         return 1
-    except KeyboardInterrupt:
-        err_console.print("interrupted: the finished trials are saved; run the same "
-                          "command to resume", soft_wrap=True)
-        return 130
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = interrupted_code(exc)
+        if code is None:
+            raise
+        err_console.print(f"interrupted: the finished trials are kept in "
+                          f"{mask_url(plan.storage)}; run the same command to resume",
+                          soft_wrap=True)
+        return code
     finally:
         server_all = backend.server_s - server0
         backend.close()

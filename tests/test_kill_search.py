@@ -4,6 +4,7 @@ server was still up on its port 5 s after the kill)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -13,6 +14,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from autotune.server import free_port
 from autotune.servers.process import descendants, pid_alive, port_bindable, port_listening
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,10 +98,12 @@ def test_kill_9_of_search_leaves_no_server_and_frees_the_port(tmp_path: Path) ->
                 os.kill(pid, signal.SIGKILL)
 
 
-def test_ctrl_c_of_search_prints_one_line_and_exits_130(tmp_path: Path) -> None:
-    """Ctrl-C in the middle of a load test: the server is stopped, nothing is left, and
-    the output after the signal is one line that says how to resume (no traceback from
-    asyncio or Optuna), with exit code 130 (128 + SIGINT)."""
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_search_prints_one_line_and_exits_128_plus_it(
+        tmp_path: Path, sig: signal.Signals, code: int) -> None:
+    """Ctrl-C or SIGTERM in the middle of a load test: the server is stopped, nothing is
+    left, and the output after the signal is one line that says what was kept and how to
+    resume (no traceback from asyncio or Optuna), with exit code 128 + the signal."""
     search, log = _start_search(tmp_path)
     left: list[int] = []
     try:
@@ -105,8 +111,8 @@ def test_ctrl_c_of_search_prints_one_line_and_exits_130(tmp_path: Path) -> None:
                         search, log)  # type: ignore[misc]
         left = descendants(search.pid)
         before = len(log.read_bytes())
-        search.send_signal(signal.SIGINT)
-        assert search.wait(60) == 130, log.read_text()[-3000:]
+        search.send_signal(sig)
+        assert search.wait(60) == code, log.read_text()[-3000:]
         after = log.read_bytes()[before:].decode(errors="replace")
         lines = [line for line in after.splitlines() if line.strip()]
         assert "Traceback" not in after and "failed because of" not in after, after
@@ -120,3 +126,50 @@ def test_ctrl_c_of_search_prints_one_line_and_exits_130(tmp_path: Path) -> None:
         for pid in left:
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigterm_in_a_ceiling_probe_keeps_every_ended_probe(tmp_path: Path) -> None:
+    """SIGTERM while `ceiling --backend attach` runs its second probe: it ended the
+    command without a word before (the signal's exception was raised inside the event
+    loop's transport callback, which logged it and went on).  Now one line says what was
+    kept, the --output JSON holds the first probe's evidence, and the exit is 143."""
+    out = tmp_path / "c.json"
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "autotune.sim.serve", "--model", "tiny", "--profile",
+         "cpu-tiny", "--port", str(port), "--startup-delay-s", "0"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = tmp_path / "ceiling.log"
+    ceiling = None
+    try:
+        deadline = time.monotonic() + 60
+        while not port_listening("127.0.0.1", port):
+            assert server.poll() is None and time.monotonic() < deadline, "no sim server"
+            time.sleep(0.05)
+        with log.open("wb") as sink:
+            ceiling = subprocess.Popen(
+                [sys.executable, "-m", "autotune", "ceiling", "--backend", "attach", "--url",
+                 f"http://127.0.0.1:{port}", "--slo", "p90:e2e<=1s", "--dataset", "synthetic",
+                 "--input-len", "16", "--output-len", "12", "--num-prompts", "100",
+                 "--max-num-prompts", "300", "--warmup", "10",
+                 "--start-rate", "40", "--max-probes", "3", "--min-duration", "8s",
+                 "--max-duration", "20s", "--validate", "off", "--output", str(out)],
+                cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=sink,
+                stderr=subprocess.STDOUT)
+        # The first probe's line: the second probe is running (8 s at least) now.
+        _wait("the first probe", lambda: "  1 bracket" in log.read_text(), 120, ceiling, log)
+        ceiling.send_signal(signal.SIGTERM)
+        assert ceiling.wait(60) == 143, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "Traceback" not in text and "Fatal error" not in text, text[-3000:]
+        last = [line for line in text.splitlines() if line.strip()][-1]
+        assert last == f"interrupted after 1 probes: each one's evidence is kept in {out}"
+        data = json.loads(out.read_text())
+        assert data["interrupted"] is True and data["backend"]["kind"] == "attach"
+        (probe,) = data["probes"]
+        assert probe["rate"] == 40 and probe["evidence"]["verdict"] == "pass"
+    finally:
+        for proc in (ceiling, server):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

@@ -41,6 +41,7 @@ from autotune.cli._common import (
 )
 from autotune.options import DEFAULT_CONTEXT
 from autotune.record import StoredTrial
+from autotune.servers.process import interrupted_code
 from autotune.terminal import console, err_console
 from autotune.workload import pool_size
 
@@ -543,6 +544,37 @@ def details(result: Any) -> list[str]:
 # ----------------------------------------------------------------------------- main
 
 
+def _validate(o: CeilingOptions, result: Any, backend: Any, probe: Any,
+              flags: dict[str, Any], validate_s: float, simulated: bool) -> None:
+    from autotune.ceiling import lent_evidence
+    from autotune.validation import validate_cap
+
+    cap = float(result.recommended_cap)
+    console.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
+                  + (" (virtual time)" if simulated else ""), soft_wrap=True)
+    result.validation = validate_cap(
+        backend, flags, cap, probe.plan(o.num_prompts, 0, cap), duration_s=validate_s,
+        prior_for=lambda rate: lent_evidence(result.probes, rate),
+        on_run=lambda r: console.print(f"  {r.rate:.4g} req/s: {r.verdict} "
+                                       f"({r.requests} requests judged)", soft_wrap=True,
+                                       highlight=False))
+
+
+def _keep_interrupted(o: CeilingOptions, probes: Sequence[Any], about: dict[str, Any]
+                      ) -> None:
+    """One line saying what an interrupted search keeps: with ``--output``, every probe
+    that ended, written there; without, nothing on disk."""
+    if o.output is None:
+        err_console.print(f"interrupted after {len(probes)} probes: nothing kept (no "
+                          "--output was given)", soft_wrap=True)
+        return
+    write_json(o.output, {"interrupted": True, "feasible": None, **about,
+                          "total_probes": len(probes),
+                          "probes": [p.to_dict() for p in probes]})
+    err_console.print(f"interrupted after {len(probes)} probes: each one's evidence is "
+                      f"kept in {o.output}", soft_wrap=True)
+
+
 def _cap_phrase(steady: Any, slo: Any) -> str:
     if steady.max_duration_s is not None:
         return f"{steady.max_s(slo):g} s"
@@ -556,7 +588,6 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         BackendProbe,
         check_settings,
         find_ceiling,
-        lent_evidence,
         search_looks,
     )
     from autotune.slo import combine
@@ -584,6 +615,8 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
                                   o.backlog_share),
                      looks=search_looks(o.max_probes))
     backend, where = _backend(o, kind, flags)
+    seen: list[Any] = []  # every probe that ended, kept if the command is interrupted
+    result: Any = None
     try:
         # The pool: at least POOL_REQUESTS distinct requests after the warm-up ones, so
         # that the search's tests, each taking up where the last stopped, judge the
@@ -610,28 +643,29 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         start, must_pass = (replay_start(_stored_trial(o, study))
                             if study is not None and o.start_rate is None
                             else (o.start_rate, False))
+
+        def on_probe(p: Any) -> None:
+            seen.append(p)
+            out.print(probe_line(p, simulated), soft_wrap=True, highlight=False)
+
         result = find_ceiling(
             probe, slo=slo, start_rate=start, tol=o.tol, max_probes=o.max_probes,
             first_must_pass=must_pass, then_down=True,
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
             repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
             min_rate=o.min_rate, max_rate=o.max_rate,
-            lowest_rate=steady.lowest_rate(slo),
-            on_probe=lambda p: out.print(probe_line(p, simulated), soft_wrap=True,
-                                         highlight=False))
+            lowest_rate=steady.lowest_rate(slo), on_probe=on_probe)
         if validate_s and result.recommended_cap:
-            from autotune.validation import validate_cap
-
-            cap = float(result.recommended_cap)
-            out.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
-                      + (" (virtual time)" if simulated else ""), soft_wrap=True)
-            result.validation = validate_cap(
-                backend, flags, cap, probe.plan(o.num_prompts, 0, cap),
-                duration_s=validate_s,
-                prior_for=lambda rate: lent_evidence(result.probes, rate),
-                on_run=lambda r: out.print(f"  {r.rate:.4g} req/s: {r.verdict} "
-                                           f"({r.requests} requests judged)", soft_wrap=True,
-                                           highlight=False))
+            _validate(o, result, backend, probe, flags, validate_s, simulated)
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = interrupted_code(exc)
+        if code is None:
+            raise
+        about = {"config": flags, "backend": {"kind": kind, "where": where}}
+        if result is not None:  # interrupted in the validation: the search is whole
+            about = {**result.to_dict(), **about}
+        _keep_interrupted(o, seen, about)
+        raise typer.Exit(code) from None
     finally:
         backend.close()
     if probe.drain_note:

@@ -444,6 +444,17 @@ def exiting() -> bool:
     return _EXITING
 
 
+def interrupted_code(exc: BaseException) -> int | None:
+    """The exit status of a command that ``exc`` interrupts: 130 for Ctrl-C, 128 +
+    the signal for SIGTERM and SIGHUP (what :func:`install_signal_handlers` raises);
+    None for any other exit, which is not an interruption to report."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, SystemExit) and _EXITING and isinstance(exc.code, int):
+        return exc.code
+    return None
+
+
 def install_signal_handlers() -> bool:
     """Make SIGINT, SIGTERM and SIGHUP end this process through its ``finally``
     blocks and atexit, so that every server it started is stopped.  Without this,

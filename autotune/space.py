@@ -58,6 +58,35 @@ VLLM_FLAGS = (
     "seed",
 )
 KNOWN_PARAMS = VLLM_FLAGS + CLIENT_PARAMS
+# The value each typed vLLM flag takes, so that a bad value is refused where it is
+# given, naming the flag, not deep in a launch or the simulator.
+FLAG_TYPES: dict[str, type] = {
+    **dict.fromkeys(("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs",
+                     "max_num_batched_tokens", "max_model_len", "block_size",
+                     "long_prefill_token_threshold", "max_num_partial_prefills", "seed"),
+                    int),
+    **dict.fromkeys(("gpu_memory_utilization", "swap_space"), float),
+    **dict.fromkeys(("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"),
+                    bool),
+}
+_TYPE_WORDS = {int: ("a whole number", "64"), float: ("a number", "0.9"),
+               bool: ("true or false", "true")}
+
+
+def flag_type_error(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for the vLLM flag ``name`` (None: nothing, or a
+    flag whose type autotune does not know, which vLLM itself will check)."""
+    want = FLAG_TYPES.get(name)
+    if want is None:
+        return None
+    ok = (isinstance(value, bool) if want is bool
+          else isinstance(value, int | float) and not isinstance(value, bool)
+          and (want is float or float(value).is_integer()))
+    if ok:
+        return None
+    word, example = _TYPE_WORDS[want]
+    flag = "--" + name.replace("_", "-")
+    return (f"{name}={value!r}: vLLM {flag} takes {word}, e.g. --param {name}={example}")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices"}
 _TOP_KEYS = {"name", "description", "profile", "attention_heads", "fixed", "parameters",
              "baseline", "rules"}

@@ -25,6 +25,7 @@ from autotune.files import json_safe
 from autotune.knee import DEFAULT_MAX_GAIN, DEFAULT_MIN_RISE, Knee, find_knee
 from autotune.pruning import UNBOUNDED_BACKLOG, PrunerSettings, decide
 from autotune.scaling import ScalePoint, Scaling, analyze_scaling
+from autotune.space import flag_type_error
 from autotune.trial import (
     COMPLETE,
     INFEASIBLE,
@@ -114,6 +115,9 @@ def parse_param(text: str) -> tuple[str, list[Any]]:
         values = [_coerce(p) for p in rest.split(",") if p.strip()]
     if len(set(map(str, values))) != len(values):
         raise SweepError(f"--param {text!r} repeats a value")
+    for v in values:
+        if (why := flag_type_error(name, v)) is not None:
+            raise SweepError(f"--param {why}")
     return name, values
 
 

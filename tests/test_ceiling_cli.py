@@ -112,6 +112,12 @@ def test_an_slo_under_the_latency_floor_stops_at_once_and_keeps_the_evidence(
     (["--num-prompts", "50", "--max-num-prompts", "100"], "needs at least 299 measured"),
     (["--max-num-prompts", "100"], "must be at least num_prompts"),
     (["--param", "oops"], "give key=value"),
+    # A bad value names its flag and the type, before any workload is built (it was
+    # "invalid literal for int() with base 10: 'abc'" after the first probe began).
+    (["--param", "max_num_seqs=abc"],
+     "--param max_num_seqs='abc': vLLM --max-num-seqs takes a whole number"),
+    (["--param", "gpu_memory_utilization=high"], "--gpu-memory-utilization takes a number"),
+    (["--param", "enforce-eager=2"], "--enforce-eager takes true or false"),
     (["--max-num-seqs", "0"], "--max-num-seqs must be at least 1"),
     (["--profile", "no-such-gpu"], "simulator profile"),
     (["--backend", "attach"], "needs --url"),

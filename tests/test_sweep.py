@@ -71,6 +71,9 @@ def test_parse_param() -> None:
         parse_param("rate=1,2")
     with pytest.raises(SweepError, match="NAME=V1"):
         parse_param("max_num_seqs")
+    with pytest.raises(SweepError, match=r"max_num_seqs=1\.5: vLLM --max-num-seqs takes a "
+                                         "whole number"):
+        parse_param("max_num_seqs=8,1.5")
 
 
 def test_spec_one_client_variable_at_a_time() -> None:

@@ -42,6 +42,7 @@ from autotune.cli._common import (
 from autotune.options import DEFAULT_CONTEXT
 from autotune.record import StoredTrial
 from autotune.servers.process import interrupted_code
+from autotune.space import flag_type_error
 from autotune.terminal import console, err_console
 from autotune.workload import pool_size
 
@@ -262,6 +263,8 @@ def parse_params(items: Sequence[str] | None) -> dict[str, Any]:
         if not sep or not key:
             raise UsageError(f"--param {item!r}: give key=value, e.g. --param block_size=32")
         out[key] = _value(value)
+        if (why := flag_type_error(key, out[key])) is not None:
+            raise UsageError(f"--param {why}")
     return out
 
 

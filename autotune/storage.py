@@ -159,8 +159,12 @@ def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "storage cal
                 raise
             attempt += 1
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            log.warning("database unreachable during %s (attempt %d): %s; retrying in %.1fs",
-                        what, attempt, scrub(first, url), delay)
+            # One line says it is retrying and for how long; the error, if it stays
+            # down, is the caller's one line.  A line per attempt was nine lines of the
+            # same refusal over 32 s.
+            log.log(logging.WARNING if attempt == 1 else logging.DEBUG,
+                    "database unreachable during %s: %s; retrying for up to %.0f s",
+                    what, scrub(first, url), max(deadline - time.monotonic(), 0.0))
             sleep(delay)
             delay = min(delay * 2, max_delay_s)
 

@@ -472,7 +472,8 @@ def test_two_workers_on_a_journal_file(tmp_path: Path) -> None:
     assert_each_config_evaluated_once(study, done)
 
 
-def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password() -> None:
+def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password(
+        caplog: pytest.LogCaptureFixture) -> None:
     from sqlalchemy.exc import OperationalError
 
     from autotune.storage import call_with_retry, transient
@@ -486,8 +487,13 @@ def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password()
             raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
         return "ok"
 
-    assert call_with_retry(flaky, retry_s=60, sleep=slept.append) == "ok"
+    with caplog.at_level("WARNING", logger="autotune.storage"):
+        assert call_with_retry(flaky, retry_s=60, sleep=slept.append) == "ok"
     assert len(calls) == 4 and slept == [0.25, 0.5, 1.0]  # exponential backoff
+    # One line says it retries, not one per attempt.
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert said.startswith("database unreachable during storage call: ") and (
+        "retrying for up to 60 s" in said)
     wrong = OperationalError("connect", {}, Exception("password authentication failed"))
     assert transient(OperationalError("x", {}, Exception("timeout"))) and not transient(wrong)
     with pytest.raises(OperationalError):

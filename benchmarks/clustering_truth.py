@@ -38,7 +38,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks.search_scenarios as sc_mod  # noqa: E402
-from autotune.sequential import clustering, dispersion  # noqa: E402
+from autotune.ceiling import search_looks  # noqa: E402
+from autotune.sequential import OPEN, PASS, ExceedanceTest, clustering, dispersion  # noqa: E402
 from autotune.slo import parse_slo  # noqa: E402
 from autotune.trial import LoadPlan, SimBackend, evaluate  # noqa: E402
 from autotune.verdict import _Arrays, _limit_values  # noqa: E402
@@ -47,7 +48,8 @@ from benchmarks.results import table  # noqa: E402
 HERE = Path(__file__).resolve().parent
 TRUTH = HERE / "results" / "search_scenarios_truth.json"
 HEADLINE = "**Headline (same run):"
-LOADS = (0.64, 0.9)
+LOADS = (0.64, 0.9, 1.0)
+LOOK = 100  # judged requests between two looks of the sequential test
 LEVELS = (0.01, 0.005)  # the shares of requests over the levels the truth is read at
 WARMUP = 100
 POOL = 12000  # requests sampled per scenario; each run draws its own from them
@@ -119,6 +121,42 @@ def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def _decide(v: np.ndarray, limit: float, test: ExceedanceTest, corrected: bool) -> str:
+    """The verdict's sequential test on one run, a look every LOOK requests."""
+    for m in range(LOOK, v.size + 1, LOOK):
+        x = v[:m]
+        k = int(np.sum(x > limit))
+        got = test.decide(m, k, k, clustering(x, limit) if corrected else 1.0)
+        if got != OPEN:
+            return got
+    return OPEN
+
+
+def false_passes(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """P(pass) with each limit moved to where exactly the allowance (1%) of all runs'
+    requests exceed it: as one test, as a pass inside a ceiling search (the proof's 5%
+    shared by ``search_looks(8)``), and without the clustering correction."""
+    one = ExceedanceTest.for_percentile(99.0)
+    in_search = ExceedanceTest(allowance=0.01, false_pass=0.05 / search_looks(8))
+    out = []
+    for name, load in sorted({(r["name"], r["load"]) for r in runs}):
+        mine = [r for r in runs if r["name"] == name and r["load"] == load and r["limits"]]
+        if len(mine) < 3:
+            continue
+        for label in mine[0]["limits"]:
+            x = [np.asarray(r["limits"][label]["values"]) for r in mine]
+            pooled = np.concatenate(x)
+            limit = float(np.quantile(pooled[np.isfinite(pooled)], 0.99))
+            row: dict[str, Any] = {"scenario": name, "load": load, "limit": label,
+                                   "limit_s": limit, "runs": len(x)}
+            for key, test, corrected in (("one_test", one, True),
+                                         ("in_a_search", in_search, True),
+                                         ("uncorrected", one, False)):
+                row[key] = sum(_decide(v, limit, test, corrected) == PASS for v in x) / len(x)
+            out.append(row)
+    return out
+
+
 def run(smoke: bool, seeds: int, requests: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     truth = json.loads(TRUTH.read_text())
@@ -131,6 +169,7 @@ def run(smoke: bool, seeds: int, requests: int) -> dict[str, Any]:
         runs = pool.map(_run, tasks)
     return {"how": " ".join(__doc__.split("\n\n")[2:4]).replace("\n", " "), "seeds": seeds,
             "requests": requests, "loads": list(LOADS), "rows": rows_of(runs),
+            "false_passes": false_passes(runs),
             "smoke": smoke, "total_wall_s": time.perf_counter() - t0}
 
 
@@ -144,20 +183,36 @@ def markdown(d: dict[str, Any]) -> list[str]:
           "-" if r["true_0.01"] is None else f"{r['true_0.01']:.1f}",
           "-" if r["true_0.005"] is None else f"{r['true_0.005']:.1f}"]
          for r in d["rows"]])
+    fp = d.get("false_passes", [])
+    if fp:
+        lines += ["", "**False passes at the allowance**: each limit moved to where exactly "
+                  "1% of all runs' requests exceed it, the verdict's sequential test on each "
+                  f"run (a look every {LOOK} requests, the clustering estimated as the "
+                  "verdict does); P(pass) within the run's requests. The contract is "
+                  "at most 5%.", ""]
+        lines += table(["scenario", "load", "limit", "moved to", "runs", "one test",
+                        "in a ceiling search", "without the correction"],
+                       [[r["scenario"], f"{r['load']:.0%}", r["limit"], f"{r['limit_s']:.3g} s",
+                         str(r["runs"]), f"{r['one_test']:.3f}", f"{r['in_a_search']:.3f}",
+                         f"{r['uncorrected']:.3f}"] for r in fp])
     se = d["rows"][0]["rel_se"] if d["rows"] else float("nan")
     ratios = sorted(r["estimated"] / r["true_0.01"] for r in d["rows"] if r["true_0.01"])
     lines += ["", f"The true values are estimates too: relative standard error about "
               f"{se:.0%} with these runs."]
-    if ratios:
+    if ratios and fp:
         under = [r for r in d["rows"] if r["true_0.01"] and r["estimated"] < 0.8 * r["true_0.01"]]
-        lines += ["", f"{HEADLINE} the verdict's clustering estimate is "
-                  f"{ratios[0]:.2f}x to {ratios[-1]:.2f}x the run-to-run truth at the 1% level "
-                  f"(median {float(np.median(ratios)):.2f}x) over {len(ratios)} limit-loads. "
-                  "The correlation it corrects for is real, not an artefact of the estimate; "
-                  f"the estimate is under 0.8x the truth in {len(under)} of them ("
-                  + ", ".join(f"{r['scenario']} {r['load']:.0%} {r['limit']}" for r in under)
-                  + "): 20 batches of a few minutes' test miss the slower swings and the "
-                  "start of the test, so near the ceiling a pass risks more than 5%.**"]
+        worst = max(fp, key=lambda r: r["one_test"])
+        runs = sum(r["runs"] for r in fp)
+        passed = sum(round(r["one_test"] * r["runs"]) for r in fp)
+        lines += ["", f"{HEADLINE} at the allowance the verdict passed {passed} of {runs} "
+                  f"runs as one test ({passed / runs:.1%}; the most in one cell "
+                  f"{worst['one_test']:.1%}, {worst['scenario']} at {worst['load']:.0%} of "
+                  f"its ceiling, {worst['runs']} runs), at most "
+                  f"{max(r['in_a_search'] for r in fp):.1%} of a cell inside a ceiling search, "
+                  f"and up to {max(r['uncorrected'] for r in fp):.0%} without the clustering "
+                  f"correction. The estimate is {ratios[0]:.2f}x to {ratios[-1]:.2f}x the "
+                  f"run-to-run truth (median {float(np.median(ratios)):.2f}x), under 0.8x in "
+                  f"{len(under)} of {len(ratios)} limit-loads.**"]
     return lines
 
 

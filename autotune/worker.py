@@ -302,11 +302,19 @@ def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec 
             storage.set_study_user_attr(sid, "space_fingerprint", spec.fingerprint())
             return spec, created
     sid = storage.get_study_id_from_name(name)
-    deadline = time.monotonic() + wait_spec_s
+    # The creator is between create_new_study and writing its spec: a worker's a moment,
+    # a search's as long as its workload takes to load, so a worker without a spec of its
+    # own waits as long as it would for the study itself.
+    limit_s = max(wait_spec_s, deadline - time.monotonic()) if mine is None else wait_spec_s
+    spec_deadline = time.monotonic() + limit_s
     attrs = storage.get_study_user_attrs(sid)
-    while (SPEC_ATTR not in attrs and "slo" not in attrs and time.monotonic() < deadline
+    while (SPEC_ATTR not in attrs and "slo" not in attrs and time.monotonic() < spec_deadline
            and not storage.get_all_trials(sid, deepcopy=False)):
-        time.sleep(0.2)  # the creator is between create_new_study and writing its spec
+        if say is not None and mine is None:
+            say(f"study {name!r} exists; waiting up to {limit_s:.0f} s for its search to "
+                "record its search space and SLO")
+            say = None
+        time.sleep(min(0.2, poll_s))
         attrs = storage.get_study_user_attrs(sid)
     return check_compatible(attrs, mine, name), created
 

@@ -19,6 +19,7 @@ from autotune.seats import seat_of
 from autotune.servers.process import descendants
 from autotune.storage import mask_url, scrub, storage_kind, url_password
 from autotune.worker import (
+    SPEC_ATTR,
     StudySpec,
     check_compatible,
     join_study,
@@ -416,6 +417,43 @@ def test_a_worker_with_another_space_is_refused(pg: Postgres, tmp_path: Path) ->
     assert same_slo_other.exit_code != 0
     assert "SLO" in same_slo_other.output + (getattr(same_slo_other, "stderr", "") or "")
     assert optuna.load_study(study_name=name, storage=storage).trials == []
+
+
+def test_a_worker_started_beside_its_search_waits_for_the_space(tmp_path: Path) -> None:
+    """The search creates the study, then records its space once its workload is
+    loaded: a worker without --space that found the study in between exited 2 ("stores
+    no search space").  It now says once that it waits, and joins when the spec lands."""
+    import threading
+
+    from autotune.storage import open_storage
+
+    storage = open_storage(f"sqlite:///{tmp_path / 'w.db'}")
+    name = "beside"
+    sid = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
+    said: list[str] = []
+    waiting = threading.Event()
+    got: list[object] = []
+
+    def say(line: str) -> None:
+        said.append(line)
+        waiting.set()
+
+    def worker() -> None:
+        try:
+            got.append(join_study(storage, name, None, wait_spec_s=0.2, wait_s=60,
+                                  poll_s=0.05, say=say))
+        except Exception as exc:  # the assertion below names it
+            got.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert waiting.wait(30), got
+    spec = _spec()
+    storage.set_study_user_attr(sid, SPEC_ATTR, spec.to_dict())
+    thread.join(30)
+    assert said == [f"study {name!r} exists; waiting up to 60 s for its search to record "
+                    "its search space and SLO"]
+    assert got == [(spec, False)]
 
 
 # ----------------------------------------------------------------------------- no database

@@ -35,6 +35,11 @@ def hidden_profile(folder: Path) -> Path:
     return path
 
 
+# Real time: the fit reads the simulator's HTTP server's own timing.  In a full run of
+# 2026-12-06 (3 xdist workers on 2 cores) its saturation test missed the fitted profile
+# by more than 25%, with other tests beside it; the heaviest of them, a real vLLM server
+# on both cores, can no longer be: the "vllm" group runs on one worker, a test at a time.
+@pytest.mark.xdist_group("vllm")
 def test_calibrate_fits_the_hidden_server_and_writes_a_profile_the_simulator_reads(
         tmp_path: Path) -> None:
     server = (f"{sys.executable} -m autotune.sim.serve --profile "

@@ -254,13 +254,13 @@ def _search_and_workers(tmp: Path, url: str, name: str) -> None:
     assert len(started) == len(set(started)), started
     assert marked(model) == []  # every server stopped with its process
     mine = sum(1 for t in counted if t.system_attrs.get("autotune:pid") == procs[0][0].pid)
-    # The search counts the trials finished since it opened the study: a worker that
-    # started faster (the search draws 10,000 ShareGPT requests first) may have finished
-    # one before.
+    # The search counts the trials finished since it opened the study: the workers may
+    # have finished several before (the search draws 10,000 ShareGPT requests first; on
+    # a loaded host a worker finished two, so no bound on how many holds by design).
     got = re.search(r"(\d+) new trials \((\d+) here, (\d+) by workers\)", logs["search"])
     assert got, logs["search"][-3000:]
     new, here, others = map(int, got.groups())
-    assert here == mine and new == here + others and n - 4 <= new <= n
+    assert here == mine and new == here + others and 1 <= here <= new <= n
 
 
 def marked(marker: str) -> list[int]:

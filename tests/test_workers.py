@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -101,15 +102,24 @@ def common_args(tmp: Path, study: str, storage: str, *, n_trials: int, grace: in
 
 
 def load(storage: str, name: str) -> optuna.Study:
+    return optuna.load_study(study_name=name, storage=_storage(storage))  # type: ignore[arg-type]
+
+
+@functools.cache
+def _storage(storage: str) -> object:
+    """One storage per URL for the whole module: the tests poll the study every 0.2 s,
+    and a new RDBStorage per poll held its own connection pool until collected, which
+    ran PostgreSQL's 50 connections out in a slow full run (2026-12-06: "remaining
+    connection slots are reserved")."""
     if storage.startswith("journal:"):
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-        st: object = JournalStorage(JournalFileBackend(storage[len("journal:"):]))
-    else:
-        from autotune.storage import _normalise
+        return JournalStorage(JournalFileBackend(storage[len("journal:"):]))
+    from autotune.storage import _normalise
 
-        st = optuna.storages.RDBStorage(_normalise(storage))
-    return optuna.load_study(study_name=name, storage=st)  # type: ignore[arg-type]
+    # Pre-ping: a pooled connection outlives a database restart (one test restarts it).
+    return optuna.storages.RDBStorage(_normalise(storage),
+                                      engine_kwargs={"pool_pre_ping": True})
 
 
 def finished(storage: str, name: str) -> int:

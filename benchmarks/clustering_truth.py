@@ -44,7 +44,7 @@ from autotune.sequential import OPEN, PASS, ExceedanceTest, clustering, dispersi
 from autotune.slo import parse_slo  # noqa: E402
 from autotune.trial import LoadPlan, SimBackend, evaluate  # noqa: E402
 from autotune.verdict import SteadyState, _Arrays, _limit_values, horizon  # noqa: E402
-from benchmarks.results import table  # noqa: E402
+from benchmarks.results import emit, table  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 TRUTH = HERE / "results" / "search_scenarios_truth.json"
@@ -299,13 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--output", type=Path)
     args = ap.parse_args(argv)
-    data = run(args.smoke, args.seeds, args.requests)
-    text = json.dumps(data, indent=2)
-    if args.output is not None:
-        args.output.write_text(text)
-    else:
-        print(text)
-    return 0
+    return emit(run(args.smoke, args.seeds, args.requests), args.output)
 
 
 if __name__ == "__main__":

@@ -134,6 +134,16 @@ def _flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+def emit(data: dict[str, Any], output: Path | None) -> int:
+    """A benchmark's JSON: to ``--output`` when given, else to stdout; exit code 0."""
+    text = json.dumps(data, indent=2)
+    if output is not None:
+        output.write_text(text)
+    else:
+        print(text)
+    return 0
+
+
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]

@@ -20,7 +20,6 @@ Three parts, all pure (no server):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -40,7 +39,7 @@ from autotune.sequential import (  # noqa: E402
     operating_point,
 )
 from autotune.testing.queues import mm1_sojourns  # noqa: E402
-from benchmarks.results import fmt, table  # noqa: E402
+from benchmarks.results import emit, fmt, table  # noqa: E402
 
 SHARES = (0.2, 0.35, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0)  # true exceedance / allowance
 
@@ -197,13 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=300)
     ap.add_argument("--output", type=Path)
     args = ap.parse_args(argv)
-    data = run(args.smoke, args.seeds)
-    text = json.dumps(data, indent=2)
-    if args.output is not None:
-        args.output.write_text(text)
-    else:
-        print(text)
-    return 0
+    return emit(run(args.smoke, args.seeds), args.output)
 
 
 if __name__ == "__main__":

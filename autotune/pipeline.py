@@ -649,12 +649,12 @@ def _time_line(plan: Plan, rule: Any, prove_top: int) -> str:
 
     s, slo = plan.settings, plan.slo
     proof, probes = None, s.max_probes
-    if s.screen and rule is not None:
+    if s.screen:
         proof = ProofSize(prove_top, rule.min_s(slo), rule.max_s(slo), s.max_probes)
         rule, probes = screening(rule, slo), min(s.max_probes, SCREEN_PROBES)
     return time_estimate(
-        n_trials=s.n_trials or 0, min_s=rule.min_s(slo) if rule is not None else 0.0,
-        max_s=rule.max_s(slo) if rule is not None else 0.0, max_probes=probes,
+        n_trials=s.n_trials or 0, min_s=rule.min_s(slo), max_s=rule.max_s(slo),
+        max_probes=probes,
         validate_s=plan.validate_s, budget_s=None if s.budget_s is None
         else s.budget_s + (plan.validate_s or 0.0), virtual=plan.backend == "sim",
         proof=proof)

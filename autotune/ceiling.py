@@ -910,7 +910,9 @@ def find_ceiling(
 
     lo, hi = search.lo(), search.hi()
     if lo is None and not below_floor:
-        search.notes.extend(zone_notes(search.probes, slo))
+        # The test the budget cut (the last) says nothing of the floor: its note says why.
+        search.notes.extend(zone_notes(search.probes[:-1] if search.cut_at is not None
+                                       else search.probes, slo))
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
     if lo is not None and hi is not None and not converged:
         search.notes.append(
@@ -952,6 +954,18 @@ def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
         n, k = sum(e.n for e in evs), sum(e.exceed for e in evs)
         allowance = 1.0 - limit.percentile / 100.0
         if not n or k / n >= allowance:
+            continue
+        if k / n < allowance / 2:
+            # Under the safe share, yet undecided: the tests were too short for how
+            # their latencies cluster (or were cut), not at the config's floor.
+            d = max(e.dispersion for e in evs)
+            rates = ", ".join(_rate(p.rate) for p in undecided)
+            out.append(f"{limit.label}: {k} of {n} requests ({k / n:.2%}) exceeded "
+                       f"{format_seconds(limit.threshold_s)} in the tests that ran to "
+                       f"their cap undecided ({rates} req/s): "
+                       f"under half the allowance ({allowance / 2:.1%}), but their latencies "
+                       f"cluster (x{d:.2g}), so a pass needs about {d:.2g} times the "
+                       "requests of independent ones: raise --max-duration")
             continue
         values = np.concatenate([np.asarray(s.samples.get(limit.metric, ()), float)
                                  for p in undecided if (s := p.summary) is not None])

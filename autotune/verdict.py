@@ -44,7 +44,12 @@ from autotune.pruning import backlog_trend
 from autotune.records import RequestRecord
 from autotune.sequential import FAIL as SEQ_FAIL
 from autotune.sequential import PASS as SEQ_PASS
-from autotune.sequential import ExceedanceTest, clustering, requests_for_power
+from autotune.sequential import (
+    ExceedanceTest,
+    clustering,
+    local_clustering,
+    requests_for_power,
+)
 from autotune.slo import SLO, Limit, quantile
 
 PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
@@ -607,7 +612,7 @@ def _limit_evidence(a: _Arrays, idx: np.ndarray, limit: Limit, now: float,
     observed = quantile(hi, limit.percentile) if n else math.inf
     upper = quantile_upper_bound(hi, limit.percentile, rule.confidence)
     lower = _lower_bound(lo, limit.percentile, rule.fail_confidence) if lo.size else -math.inf
-    decision = test.decide(n, k_hi, k_lo, d)
+    decision = test.decide(n, k_hi, k_lo, d, local_clustering(hi, limit.threshold_s))
     if rule.screen and decision != SEQ_FAIL:
         decision = SEQ_PASS if n >= screen_n(limit) and k_hi <= test.allowance * n else "open"
     pn = pk = 0

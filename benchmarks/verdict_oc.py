@@ -32,10 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from autotune.ceiling import search_looks  # noqa: E402
 from autotune.sequential import (  # noqa: E402
-    OPEN,
     PASS,
     ExceedanceTest,
-    clustering,
+    judge_series,
     operating_point,
 )
 from autotune.testing.queues import mm1_sojourns  # noqa: E402
@@ -55,24 +54,13 @@ def exact_rows(test: ExceedanceTest) -> list[dict[str, Any]]:
     return rows
 
 
-def _decide(values: np.ndarray, threshold: float, look: int, correct: bool,
-            test: ExceedanceTest) -> tuple[str, int]:
-    for m in range(look, values.size + 1, look):
-        v = values[:m]
-        k = int(np.sum(v > threshold))
-        got = test.decide(m, k, k, clustering(v, threshold) if correct else 1.0)
-        if got != OPEN:
-            return got, m
-    return OPEN, values.size
-
-
 def heavy_tail(test: ExceedanceTest, seeds: int, n: int) -> list[dict[str, Any]]:
     rng = np.random.default_rng(7)
     x = rng.pareto(1.5, (seeds, n)) + 1.0
     rows = []
     for share in (0.5, 1.0):
         limit = (1.0 / (share * test.allowance)) ** (1 / 1.5)
-        got = [_decide(row, limit, 100, True, test) for row in x]
+        got = [judge_series(test, row, limit, look=100) for row in x]
         rows.append({"share": share, "p_pass": sum(g == PASS for g, _ in got) / seeds,
                      "p_pass_1500": sum(g == PASS and m <= 1500 for g, m in got) / seeds,
                      "median_n": float(np.median([m for _, m in got])), "seeds": seeds,
@@ -88,7 +76,9 @@ def queue(test: ExceedanceTest, seeds: int, n: int) -> list[dict[str, Any]]:
             # M/M/1 sojourns are exponential with rate 1 - rho: P(T > L) = share x a.
             limit = math.log(1.0 / (share * test.allowance)) / (1.0 - rho)
             for correct in (True, False):
-                got = [_decide(t[:, j], limit, 400, correct, test) for j in range(seeds)]
+                got = [judge_series(test, t[:, j], limit, look=400,
+                                    clustered="whole" if correct else "none")
+                       for j in range(seeds)]
                 rows.append({"rho": rho, "share": share, "clustering": correct,
                              "p_pass": sum(g == PASS for g, _ in got) / seeds,
                              "p_fail": sum(g == "fail" for g, _ in got) / seeds,

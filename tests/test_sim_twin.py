@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from autotune.arrivals import arrival_offsets
-from autotune.ceiling import BackendProbe, find_ceiling
+from autotune.ceiling import BackendProbe, find_ceiling, search_steady
 from autotune.errors import AutotuneError
 from autotune.record import StoredTrial
 from autotune.records import RequestRecord
@@ -244,8 +244,10 @@ def test_observations_from_a_ceiling_search_replay_exactly() -> None:
     plan = tiny_plan()
     flags = {"model": "tiny", "max_num_seqs": 8, "max_model_len": 512}
     pool = list(plan.warmup_requests) + list(plan.requests)
+    # The search a study's trial runs: its passes share the 5% among the probes.
     probe = BackendProbe(SimBackend(hidden, MODEL), flags, plan.slo, pool,
-                         warmup=plan.warmup, seed=plan.seed, steady=plan.steady)
+                         warmup=plan.warmup, seed=plan.seed,
+                         steady=search_steady(plan.steady, 5))
     ceiling = find_ceiling(probe, slo=plan.slo, start_rate=None, max_probes=5,
                            num_prompts=len(plan.requests))
     obs = observations_from_search(probe, ceiling, cap=80, limit=3, trial=7)

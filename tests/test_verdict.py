@@ -199,11 +199,14 @@ def test_the_stop_rule_ends_a_clearly_overloaded_test_early(capacity: float) -> 
 
 
 def test_a_comfortable_rate_passes_after_the_minimum(capacity: float) -> None:
+    """60% of capacity passes, after the minimum and before the cap.  Its latencies
+    swing with the queue (clustering about 5: a pass needs about 3,000 judged
+    requests), longer than the default cap's 3 minutes sized for independent ones."""
     res = evaluate(SimBackend("1xa100-80gb", "llama-3-8b"), FLAGS, 0.6 * capacity,
-                   _plan(SteadyState(min_requests=300)))
+                   _plan(SteadyState(min_requests=300, max_duration_s=400.0)))
     assert res.verdict == PASS, res.evidence and res.evidence.reasons
     ev = res.evidence
-    assert ev is not None and 60.0 <= ev.at_s < 180.0
+    assert ev is not None and 60.0 <= ev.at_s < 400.0
     assert res.summary is not None and res.summary.num_measured == ev.cohort
     assert res.goodput() == pytest.approx(ev.goodput_tokens)
 

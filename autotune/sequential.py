@@ -282,33 +282,39 @@ def _clustering_now(v: np.ndarray, threshold: float) -> float:
     the sample to all of it (see :func:`growth`)."""
     if v.size < 2 * _FINE_BATCHES:
         return 1.0
-    levels = [threshold] + _frequent_levels(v)
-    base = max(overlapping_dispersion(v > lv, _BASE_BATCHES) for lv in levels)
-    return base * float(_BASE_BATCHES) ** growth(v)
+    frequent = _frequent_levels(v)
+    running = {lv: _running(v > lv) for lv in [threshold, *frequent]}
+    base = max(_overlapping(r, _BASE_BATCHES) for r in running.values())
+    return base * float(_BASE_BATCHES) ** _growth_at(v.size, [running[lv] for lv in frequent])
 
 
 def _frequent_levels(v: np.ndarray) -> list[float]:
     finite = v[np.isfinite(v)]
     if not finite.size:
         return []
-    mid = float(np.quantile(finite, 0.5))
+    mid, *tail = (float(q) for q in np.quantile(finite, (0.5, 0.90, 0.95)))
     # A level within rounding of the median marks noise, not a tail.
-    return [lv for q in (0.90, 0.95)
-            if (lv := float(np.quantile(finite, q))) > mid + 1e-6 * abs(mid)]
+    return [lv for lv in tail if lv > mid + 1e-6 * abs(mid)]
 
 
 def overlapping_dispersion(indicators: np.ndarray, batches: int) -> float:
     """:func:`dispersion` over every window of a ``batches``-th of the indicators
     (overlapping batch means: the same estimate with about 1.5 times the degrees of
     freedom of disjoint batches); 1 when there are too few events to tell."""
-    x = np.asarray(indicators, dtype=float)
-    n = x.size
+    return _overlapping(_running(indicators), batches)
+
+
+def _running(indicators: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(np.asarray(indicators, dtype=float))))
+
+
+def _overlapping(running: np.ndarray, batches: int) -> float:
+    n = running.size - 1
     size = n // batches
-    total = float(x.sum())
+    total = float(running[-1])
     if size < 1 or n < 2 * batches or total < batches or total >= n:
         return 1.0
     p = total / n
-    running = np.concatenate(([0.0], np.cumsum(x)))
     sums = running[size:] - running[:-size]
     # The windows' squared deviations, scaled as Meketon and Schmeiser's estimator.
     var = float(np.sum((sums - size * p) ** 2)) * n / ((n - size + 1) * (n - size))
@@ -329,16 +335,19 @@ def growth(values: np.ndarray) -> float:
     than the ratio of two lengths, and each unit of noise in it multiplies the
     estimate."""
     v = np.asarray(values, dtype=float)
-    levels = _frequent_levels(v)
-    if v.size < 2 * _SLOPE_BATCHES[0] or not levels:
+    return _growth_at(v.size, [_running(v > lv) for lv in _frequent_levels(v)])
+
+
+def _growth_at(n: int, levels: list[np.ndarray]) -> float:
+    """The growth exponent from the levels' running exceedance counts."""
+    if n < 2 * _SLOPE_BATCHES[0] or not levels:
         return 0.0
+    logs = np.log([n / b for b in _SLOPE_BATCHES])
+    w = np.array([b - 1.0 for b in _SLOPE_BATCHES])  # log D's precision ~ its dof
+    dx = logs - np.average(logs, weights=w)
     num = den = 0.0
-    for lv in levels:
-        x = v > lv
-        logs = np.log([v.size / b for b in _SLOPE_BATCHES])
-        logd = np.log([overlapping_dispersion(x, b) for b in _SLOPE_BATCHES])
-        w = np.array([b - 1.0 for b in _SLOPE_BATCHES])  # log D's precision ~ its dof
-        dx = logs - np.average(logs, weights=w)
+    for running in levels:
+        logd = np.log([_overlapping(running, b) for b in _SLOPE_BATCHES])
         num += float(np.sum(w * dx * (logd - np.average(logd, weights=w))))
         den += float(np.sum(w * dx * dx))
     return min(max(num / den, 0.0), 1.0) if den > 0 else 0.0

@@ -490,3 +490,29 @@ def test_pooled_ceilings_are_unsafe_at_most_five_percent_of_the_time() -> None:
             assert pooled is not None and pooled.evidence.verdict == "pass"
     assert unsafe <= 4  # 5% of 40 is 2; 4 is past the binomial's 95th percentile
     assert found >= 20
+
+
+def _undecided(rate: float, n: int, k: int, dispersion: float) -> object:
+    """What zone_notes reads of a test that ran to its cap undecided."""
+    from types import SimpleNamespace
+
+    lim = SimpleNamespace(label="p99:e2e", n=n, exceed=k, dispersion=dispersion)
+    samples = np.linspace(1.0, 9.0, n)
+    return SimpleNamespace(phase="bracket", verdict="inconclusive", rate=rate,
+                           evidence=SimpleNamespace(limits=[lim]),
+                           summary=SimpleNamespace(samples={"e2e": samples}))
+
+
+def test_an_undecided_share_is_called_the_floor_only_between_half_and_the_allowance(
+        ) -> None:
+    from autotune.ceiling import zone_notes
+
+    slo = parse_slo("p99:e2e<=10s")
+    at_floor = zone_notes([_undecided(2.0, 4000, 28, 1.2)], slo)  # type: ignore[list-item]
+    assert len(at_floor) == 1 and "latency floor" in at_floor[0]
+    # 0.1% over the limit is far under half the allowance: the tests were too short for
+    # how their latencies cluster, which says nothing about a floor.
+    short = zone_notes([_undecided(2.0, 4000, 4, 6.0)], slo)  # type: ignore[list-item]
+    assert len(short) == 1 and "floor" not in short[0]
+    assert "cluster (x6)" in short[0] and "--max-duration" in short[0]
+    assert zone_notes([_undecided(2.0, 4000, 60, 1.0)], slo) == []  # type: ignore[list-item]

@@ -251,8 +251,10 @@ def clustering(values: np.ndarray, threshold: float) -> float:
 
     The truth only grows with the sample (the count's variance over more requests
     takes in slower swings), so an estimate that dips below its recent values is noise;
-    a test that may stop at any look would otherwise stop at a dip (benchmark 8b
-    measured 37% false passes at the A100 scenario's ceiling with the dips allowed)."""
+    a test that may stop at any look would otherwise stop at a dip (while this estimate
+    was built, on 48 simulated runs of the A100 scenario's best config at each of 90%
+    and 100% of its ceiling, the limit where 1% exceed it, allowing the dips let 9 runs
+    pass instead of 3)."""
     v = np.asarray(values, dtype=float)
     n = v.size
     found = [_clustering_now(v[: int(n * share)], threshold) for share in _PREFIXES]
@@ -327,10 +329,11 @@ def growth(values: np.ndarray) -> float:
     long as the sample), in [0, 1]: the weighted least-squares slope of log D against
     log length over batches of a 40th to a 5th of the sample, at the frequent levels.
 
-    A queue near its capacity swings over minutes: benchmark 8b's A100 config at its
-    ceiling has a dispersion of 3.7 over 1,000 requests and 10 over 8,000, so one
-    measured over short batches is several times too small for the whole test (the
-    aggregated-variance reading of long-range dependence; Hurst exponent (1 + b) / 2).
+    A queue near its capacity swings over minutes: across 24 simulated runs of the A100
+    scenario's best config at its ceiling, the count's dispersion was 3.7 over 1,000
+    requests and 10 over 8,000, so one measured over short batches is several times too
+    small for the whole test (the aggregated-variance reading of long-range dependence;
+    Hurst exponent (1 + b) / 2).
     The slope over four lengths and overlapping batches is about a third less noisy
     than the ratio of two lengths, and each unit of noise in it multiplies the
     estimate."""

@@ -28,11 +28,10 @@ test would be overconfident.  The test divides its log likelihood ratio by the
 quasi-likelihood, correction, which moves both boundaries out by the factor ``D``, so a
 clustered tail needs ``D`` times the evidence).  :func:`clustering` estimates it from
 the test's own requests: overlapping batch counts give the dispersion over a tenth of
-the test, and its growth with the batch length (:func:`growth`) carries it to the whole
-test, because
-near capacity the queue swings over minutes and short batches see only part of the
-variance.  ``tests/test_sequential.py`` checks the false-pass rate on queues near
-capacity; benchmark 8b (``benchmarks/clustering_truth.py``) on the simulated scenario
+the test, and its growth with the batch length (:func:`_growth`) carries it to the
+whole test, because near capacity the queue swings over minutes and short batches see
+only part of the variance.  ``tests/test_sequential.py`` checks the false-pass rate on
+queues near capacity; benchmark 8b (``benchmarks/clustering_truth.py``) on the simulated scenario
 configs, against many independent runs.
 """
 
@@ -281,13 +280,13 @@ def _clustering_now(v: np.ndarray, threshold: float) -> float:
     overlapping batches of a tenth of ``v``, at the limit and at the 90th and 95th
     percentiles of ``v`` (frequent enough to show how the queue's slow swings cluster
     the tail before the rare ones at the limit can), times its growth from a tenth of
-    the sample to all of it (see :func:`growth`)."""
+    the sample to all of it (see :func:`_growth`)."""
     if v.size < 2 * _FINE_BATCHES:
         return 1.0
     frequent = _frequent_levels(v)
     running = {lv: _running(v > lv) for lv in [threshold, *frequent]}
     base = max(_overlapping(r, _BASE_BATCHES) for r in running.values())
-    return base * float(_BASE_BATCHES) ** _growth_at(v.size, [running[lv] for lv in frequent])
+    return base * float(_BASE_BATCHES) ** _growth(v.size, [running[lv] for lv in frequent])
 
 
 def _frequent_levels(v: np.ndarray) -> list[float]:
@@ -299,18 +298,15 @@ def _frequent_levels(v: np.ndarray) -> list[float]:
     return [lv for lv in tail if lv > mid + 1e-6 * abs(mid)]
 
 
-def overlapping_dispersion(indicators: np.ndarray, batches: int) -> float:
-    """:func:`dispersion` over every window of a ``batches``-th of the indicators
-    (overlapping batch means: the same estimate with about 1.5 times the degrees of
-    freedom of disjoint batches); 1 when there are too few events to tell."""
-    return _overlapping(_running(indicators), batches)
-
-
 def _running(indicators: np.ndarray) -> np.ndarray:
     return np.concatenate(([0.0], np.cumsum(np.asarray(indicators, dtype=float))))
 
 
 def _overlapping(running: np.ndarray, batches: int) -> float:
+    """:func:`dispersion` over every window of a ``batches``-th of the indicators whose
+    running count is ``running`` (overlapping batch means: the same estimate with about
+    1.5 times the degrees of freedom of disjoint batches); 1 when there are too few
+    events to tell."""
     n = running.size - 1
     size = n // batches
     total = float(running[-1])
@@ -323,11 +319,12 @@ def _overlapping(running: np.ndarray, batches: int) -> float:
     return max(var / (size * p * (1.0 - p)), 1.0)
 
 
-def growth(values: np.ndarray) -> float:
+def _growth(n: int, levels: list[np.ndarray]) -> float:
     """How the dispersion grows with the batch length, as the exponent ``b`` of
     ``D(length) ~ length ** b`` (0: correlations shorter than a batch; 1: a swing as
     long as the sample), in [0, 1]: the weighted least-squares slope of log D against
-    log length over batches of a 40th to a 5th of the sample, at the frequent levels.
+    log length over batches of a 40th to a 5th of the sample, at the frequent levels
+    (``levels``: their running exceedance counts over ``n`` requests).
 
     A queue near its capacity swings over minutes: across 24 simulated runs of the A100
     scenario's best config at its ceiling, the count's dispersion was 3.7 over 1,000
@@ -337,12 +334,6 @@ def growth(values: np.ndarray) -> float:
     The slope over four lengths and overlapping batches is about a third less noisy
     than the ratio of two lengths, and each unit of noise in it multiplies the
     estimate."""
-    v = np.asarray(values, dtype=float)
-    return _growth_at(v.size, [_running(v > lv) for lv in _frequent_levels(v)])
-
-
-def _growth_at(n: int, levels: list[np.ndarray]) -> float:
-    """The growth exponent from the levels' running exceedance counts."""
     if n < 2 * _SLOPE_BATCHES[0] or not levels:
         return 0.0
     logs = np.log([n / b for b in _SLOPE_BATCHES])

@@ -108,8 +108,7 @@ def _run(task: tuple[str, float, int, int]) -> dict[str, Any]:
     for lim in slo.limits:
         hi, _ = _limit_values(a, idx, lim, math.inf)
         limits[lim.label] = {"threshold_s": lim.threshold_s, "values": hi.tolist()}
-    return {"name": name, "load": load, "seed": seed, "limits": limits, "min_n": min_n,
-            "settle": settle}
+    return {"name": name, "load": load, "seed": seed, "limits": limits, "min_n": min_n}
 
 
 def rows_of(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -34,8 +34,9 @@ import numpy as np
 from autotune.errors import AutotuneError
 from autotune.metrics import Summary, quantile_upper_bound
 from autotune.records import RequestRecord
+from autotune.sequential import ExceedanceTest
 from autotune.slo import SLO, quantile
-from autotune.verdict import Prior, merge_prior
+from autotune.verdict import Prior, SteadyState, horizon, merge_prior
 from autotune.workload import Request
 
 # A probe that completes fewer requests per second than this share of its offered
@@ -44,7 +45,7 @@ OVERLOAD_SHARE = 0.95
 SATURATION_REQUESTS = 200
 SECANT_SHARE = 0.5
 PHASES = ("saturation", "floor", "incumbent", "bracket", "bisect", "more-requests",
-          "repeat")
+          "proof", "repeat")
 # Phases that decide no rate of the search: they count toward no probe limit.
 UNCOUNTED = ("saturation", "floor", "repeat")
 # The light-load test: this many requests, at most this many in flight, decide
@@ -55,6 +56,26 @@ FLOOR_CONCURRENCY = 4
 # verdict; "uncertain": a fixed-count probe whose point estimate passed but whose bound
 # did not.  Neither counts as passing.
 VERDICTS = ("pass", "fail", "inconclusive", "uncertain")
+# Near the latency floor the share of requests over a limit sits between half the
+# allowance and the allowance at every rate (the default config at --slo-p99 10s:
+# 0.64% over 10 s at 0.5 req/s, 0.75% at 3 req/s, 1.2% at 5), and a test against half
+# the allowance drifts toward neither boundary: halving the rate only shortens the
+# tests.  The search then spends what is left of its false-pass rate on one long test
+# at the rate that ran to its cap undecided, the *proof*, whose safe hypothesis is
+# PROOF_SAFE_SHARE of the allowance: the same false-pass bound at the allowance
+# (Ville's inequality holds for any safe hypothesis), and a pass in expectation for any
+# share under ~87% of it.
+PROOF_SAFE_SHARE = 0.75
+# The proof pools the tests at rates up to this factor above its own (chosen by rate
+# alone, so the pooled test keeps its error rate): higher ones carry a higher share.
+PROOF_POOL = 1.2
+# The longest a proof's arrivals last unless --max-duration says otherwise: what the
+# default config's proof needs at 10 s (about 15,000 requests at 2.6 req/s, where
+# 0.72% exceed), twice over.  It stops as soon as it is decided.
+PROOF_CAP_S = 4 * 3600.0
+# A proof is run only when this many times the requests it needs in expectation (at
+# the share seen so far, one standard error up) fit within its cap.
+PROOF_MARGIN = 2.0
 
 
 class CeilingError(AutotuneError, ValueError):
@@ -380,6 +401,21 @@ class CeilingResult:
     budget_spent: bool = False
     # A light-load test showed that no rate can meet the SLO.
     below_floor: bool = False
+    # The proof near the floor, when the search ran one (feasible_max is its rate).
+    proof: Proof | None = None
+
+    def prior_for(self, rate: float) -> Prior:
+        """What the search's tests lend a later test at ``rate`` (its validation): the
+        tests at or above it, or, after a proof, those a proof there would pool."""
+        return lent_evidence(self.probes, rate,
+                             rate * PROOF_POOL if self.proof is not None else math.inf)
+
+    def answer_rule(self, steady: SteadyState) -> SteadyState:
+        """``steady`` as this answer's pass was judged: after a proof, against its
+        safe share (a validation judged against half would never end near the floor)."""
+        if self.proof is None:
+            return steady
+        return dataclasses.replace(steady, safe_share=self.proof.safe_share)
 
     @property
     def recommended_cap(self) -> float | None:
@@ -485,6 +521,7 @@ class CeilingResult:
             "spread": [s.to_dict() for s in self.spread],
             "below_start": self.below_start,
             "below_floor": self.below_floor,
+            "proof": None if self.proof is None else self.proof.to_dict(),
             "budget_spent": self.budget_spent,
             "validation": None if self.validation is None else self.validation.to_dict(),
             "notes": list(self.notes),
@@ -514,6 +551,8 @@ def format_seconds(s: float) -> str:
     """``10 s``, ``9.1 s``, ``850 ms``, ``∞`` (a bound that needs more samples)."""
     if math.isinf(s) or math.isnan(s):
         return "∞"
+    if s >= 1000:
+        return f"{s:,.0f} s"
     if s >= 1:
         return f"{s:.3g} s"
     return f"{s * 1e3:.3g} ms"
@@ -577,30 +616,46 @@ def _takes(probe: ProbeFn, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+@dataclass(frozen=True)
+class Proof:
+    """How the proof near the floor is judged (see PROOF_SAFE_SHARE): the safe
+    hypothesis as a share of the allowance, the pass decisions whose false-pass rate it
+    takes (a fraction: the search's remaining share), and its cap on arrivals."""
+
+    safe_share: float
+    looks: float
+    max_duration_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 def _call(probe: ProbeFn, rate: float, n: int, repeat: int,
-          prior: Prior = ()) -> ProbeResult:
+          prior: Prior = (), proof: Proof | None = None) -> ProbeResult:
     kwargs: dict[str, Any] = {}
     if repeat and _takes(probe, "repeat"):
         kwargs["repeat"] = repeat
     if prior and _takes(probe, "prior"):
         kwargs["prior"] = prior
+    if proof is not None:
+        kwargs["proof"] = proof
     return probe(rate, n, **kwargs)
 
 
-def lent_evidence(probes: Sequence[Probe], rate: float
+def lent_evidence(probes: Sequence[Probe], rate: float, upto: float = math.inf
                   ) -> Prior:
     """Evidence for a pass at ``rate`` from every test of a config at a rate at or
     above it: latency grows with the rate, so their exceedances bound this rate's.
     Each lends its requests up to the moment its own evidence first leaned unsafe by a
     factor 4 (``ExceedanceTest.lent``: a stopping time, so the pooled test keeps its
     error rate), so a failed test above costs a little, not all its exceedances.
-    Which tests pool is fixed by their rates alone, never by their outcomes; the
-    search's pass decisions share the false-pass rate (``search_looks``)."""
+    Which tests pool is fixed by their rates alone (at most ``upto``), never by their
+    outcomes; the search's pass decisions share the false-pass rate (``search_looks``)."""
     if not math.isfinite(rate):
         return ()
     return merge_prior([p.evidence.lent() for p in probes
                         if p.evidence is not None and p.phase not in UNCOUNTED
-                        and math.isfinite(p.rate) and p.rate >= rate])
+                        and math.isfinite(p.rate) and rate <= p.rate <= upto])
 
 
 class _Search:
@@ -608,7 +663,8 @@ class _Search:
 
     def __init__(self, probe: ProbeFn, slo: SLO, *, num_prompts: int, max_num_prompts: int,
                  max_probes: int, confidence: float,
-                 on_probe: Callable[[Probe], None] | None) -> None:
+                 on_probe: Callable[[Probe], None] | None,
+                 proof_cap_s: float | None = None) -> None:
         self.probe = probe
         self.slo = slo
         self.n = num_prompts
@@ -623,6 +679,9 @@ class _Search:
         self.source: str | None = None
         self.cut_at: float | None = None  # the rate whose test the budget cut short
         self.floor_checked = False
+        # The longest proof near the floor (None: none is run), and the one that ran.
+        self.proof_cap_s = proof_cap_s
+        self.proof: Proof | None = None
 
     @property
     def used(self) -> int:
@@ -636,12 +695,14 @@ class _Search:
         return lent_evidence(self.probes, rate)
 
     def run_one(self, rate: float, n: int, phase: str, repeat: int = 0,
-                note: str | None = None) -> Probe:
-        prior = self.prior_for(rate) if phase not in UNCOUNTED else ()
+                note: str | None = None, proof: Proof | None = None) -> Probe:
+        prior = (() if phase in UNCOUNTED
+                 else lent_evidence(self.probes, rate, rate * PROOF_POOL) if proof
+                 else self.prior_for(rate))
         if phase == "floor":
             res = self.probe(rate, n, light=True)
         else:
-            res = _call(self.probe, rate, n, repeat, prior)
+            res = _call(self.probe, rate, n, repeat, prior, proof)
         s = res.summary
         if self.source is None:
             self.source = s.source
@@ -737,6 +798,58 @@ class _Search:
         self.stop_if_cut()
         return p.verdict
 
+    def proof_at(self, rate: float) -> Proof | None:
+        """The proof to run at ``rate`` when its test ran to its cap undecided with
+        every limit's share under the allowance, and the proof is expected to pass
+        within the cap (None otherwise: the search steps down as before)."""
+        if (self.proof_cap_s is None or self.left <= 0 or self.proof is not None
+                or not _takes(self.probe, "proof")):
+            return None
+        at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
+        if not at or at[-1].verdict != "inconclusive" or at[-1].overloaded \
+                or self.cut_at is not None or at[-1].evidence is None:
+            return None
+        # The remaining share of the search's false-pass rate: the proof is its last
+        # pass decision, so the shares of all its decisions still sum to the whole.
+        looks = self.budget / self.left
+        pooled = {label: (n, k, d) for label, n, k, d
+                  in lent_evidence(self.probes, rate, rate * PROOF_POOL)}
+        need = 0.0
+        for limit in self.slo.limits:
+            if limit.label not in pooled:
+                return None
+            n, k, d = pooled[limit.label]
+            test = ExceedanceTest.for_percentile(
+                limit.percentile, false_pass=(1.0 - self.confidence) / looks,
+                safe_share=PROOF_SAFE_SHARE)
+            share = (k + math.sqrt(max(k, 1) * d)) / n
+            drift = test.llr(1.0, share)  # per request
+            if k / n >= test.allowance or drift >= 0.0:
+                return None
+            need = max(need, (d * math.log(test.false_pass) - test.llr(n, k)) / drift)
+        if PROOF_MARGIN * need / rate + horizon(self.slo) > self.proof_cap_s:
+            return None
+        return Proof(safe_share=PROOF_SAFE_SHARE, looks=looks,
+                     max_duration_s=self.proof_cap_s)
+
+    def prove(self, rate: float, proof: Proof) -> None:
+        """Run the proof at ``rate``; whatever it shows ends the search (it took the
+        rest of the false-pass rate)."""
+        self.proof = proof
+        self.notes.append(
+            f"near the latency floor: the test at {_rate(rate)} req/s ran to its cap "
+            f"with every limit's share under its allowance but not under half of it; one "
+            f"long test there (the proof, stopped when decided, at most "
+            f"{format_seconds(proof.max_duration_s)} of arrivals) judged it against "
+            f"{proof.safe_share:.0%} of the allowance instead of half, with the search's "
+            f"remaining false-pass rate "
+            f"({(1.0 - self.confidence) / proof.looks:.2%}), pooled with the tests up to "
+            f"{PROOF_POOL:g}x its rate")
+        p = self.run_one(rate, self.n, "proof", proof=proof,
+                         note=f"safe at {proof.safe_share:.0%} of the allowance")
+        self.verdicts[rate] = p.verdict
+        self.stop_if_cut()
+
     def slack_at(self, rate: float) -> float | None:
         """Slack of the last probe at ``rate`` in the search (repeats excluded); None
         when unknown: a pruned probe, or one whose failures make the latency inf."""
@@ -818,6 +931,7 @@ def find_ceiling(
     first_must_pass: bool = False,
     then_down: bool = False,
     on_probe: Callable[[Probe], None] | None = None,
+    proof_cap_s: float | None = None,
 ) -> CeilingResult:
     """Search the highest rate that meets ``slo`` with ``confidence``; see the module doc.
 
@@ -838,7 +952,10 @@ def find_ceiling(
     probe takes ``light``) asks whether any rate can meet the SLO; when none can the
     search stops there with ``below_floor``.  A pass may pool the evidence of the
     passing and undecided tests at higher rates (``_Search.prior_for``).  ``on_probe``
-    sees each probe as it finishes (for a live table).
+    sees each probe as it finishes (for a live table).  ``proof_cap_s`` (None: never):
+    near the latency floor, one long test of at most this many seconds of arrivals
+    may decide the rate that ran to its cap undecided (PROOF_SAFE_SHARE; the probe
+    must take ``proof``).
     """
     need = check_settings(slo, start_rate=start_rate, tol=tol, max_probes=max_probes,
                           num_prompts=num_prompts, max_num_prompts=max_num_prompts,
@@ -846,7 +963,7 @@ def find_ceiling(
                           min_rate=min_rate)
     search = _Search(probe, slo, num_prompts=max(num_prompts, need),
                      max_num_prompts=max_num_prompts, max_probes=max_probes,
-                     confidence=confidence, on_probe=on_probe)
+                     confidence=confidence, on_probe=on_probe, proof_cap_s=proof_cap_s)
     if num_prompts < need:
         search.notes.append(
             f"num_prompts raised from {num_prompts} to {need}: a {confidence:.0%} bound on "
@@ -914,7 +1031,12 @@ def find_ceiling(
         search.notes.extend(zone_notes(search.probes[:-1] if search.cut_at is not None
                                        else search.probes, slo))
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
-    if lo is not None and hi is not None and not converged:
+    if lo is not None and hi is not None and not converged and search.proof is not None:
+        search.notes.append(
+            f"coarse: the proof took the search's last pass decision, so the bracket "
+            f"stays open: the ceiling lies between {_rate(lo)} and {_rate(hi)} req/s "
+            f"({hi / lo - 1:.1%} apart, tol {tol:.1%})")
+    elif lo is not None and hi is not None and not converged:
         search.notes.append(
             f"probe budget ({max_probes}) spent before the bracket closed: the ceiling lies "
             f"between {_rate(lo)} and {_rate(hi)} req/s ({hi / lo - 1:.1%} apart, tol "
@@ -938,7 +1060,7 @@ def find_ceiling(
         stepdown_rate=(stepdown_rate(saturated, lo)
                        if saturated is not None and lo is not None else None),
         spread=spread, notes=search.notes, below_start=below_start,
-        budget_spent=budget_spent, below_floor=below_floor)
+        budget_spent=budget_spent, below_floor=below_floor, proof=search.proof)
 
 
 def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
@@ -1014,6 +1136,10 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
     else:
         search.check_floor()
         while search.left > 0:
+            proof = search.proof_at(rate)
+            if proof is not None:
+                search.prove(rate, proof)
+                return
             nxt = rate * _down_factor(search, rate)
             cap = search.cap_est
             if cap is not None and cap < nxt:
@@ -1060,7 +1186,7 @@ def _bisect(search: _Search, tol: float) -> None:
     last: str | None = "hi" if search.probes and not search.probes[-1].passed else None
     run = 1 if last else 0
     weight = {"lo": 1.0, "hi": 1.0}
-    while search.left > 0:
+    while search.left > 0 and search.proof is None:
         lo, hi = search.lo(), search.hi()
         if lo is None or hi is None or hi / lo - 1.0 <= tol + 1e-12:
             return
@@ -1134,7 +1260,7 @@ def _extrapolate(search: _Search, rate: float, tol: float) -> float | None:
 def _repeat_boundaries(search: _Search, repeats: int) -> list[Spread]:
     """Re-run feasible_max and infeasible_min; a feasible_max that fails a repeat is
     demoted (it met the SLO by luck) and the next lower passing rate is repeated."""
-    if repeats <= 1:
+    if repeats <= 1 or search.proof is not None:
         return []
     spreads: list[Spread] = []
     done: set[float] = set()
@@ -1279,8 +1405,8 @@ class BackendProbe:
                         steady=self.steady if math.isfinite(rate) else None)
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
-                 prior: Prior = (),
-                 light: bool = False) -> ProbeResult:
+                 prior: Prior = (), light: bool = False,
+                 proof: Proof | None = None) -> ProbeResult:
         from autotune.trial import PRUNED, probe
 
         before = float(getattr(self.backend, "server_s", 0.0))
@@ -1288,6 +1414,10 @@ class BackendProbe:
         if prior and plan.steady is not None:
             plan = dataclasses.replace(plan, steady=dataclasses.replace(plan.steady,
                                                                         prior=prior))
+        if proof is not None and plan.steady is not None:
+            plan = dataclasses.replace(plan, steady=dataclasses.replace(
+                plan.steady, safe_share=proof.safe_share, looks=proof.looks,
+                max_duration_s=proof.max_duration_s))
         if self.deadline_s is not None:
             left = self.deadline_s - before
             if left <= 0:

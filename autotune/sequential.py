@@ -76,9 +76,9 @@ class ExceedanceTest:
 
     @classmethod
     def for_percentile(cls, percentile: float, *, false_pass: float = 0.05,
-                       false_fail: float = 0.05) -> ExceedanceTest:
-        return cls(allowance=1.0 - percentile / 100.0, false_pass=false_pass,
-                   false_fail=false_fail)
+                       false_fail: float = 0.05, safe_share: float = 0.5) -> ExceedanceTest:
+        return cls(allowance=1.0 - percentile / 100.0, safe_share=safe_share,
+                   false_pass=false_pass, false_fail=false_fail)
 
     @property
     def theta0(self) -> float:

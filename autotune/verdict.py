@@ -106,7 +106,8 @@ def limit_test(limit: Limit, rule: SteadyState | None = None) -> ExceedanceTest:
         rule.looks if rule is not None else 1)
     false_fail = 1.0 - (rule.fail_confidence if rule is not None else 0.95)
     return ExceedanceTest.for_percentile(limit.percentile, false_pass=false_pass,
-                                         false_fail=false_fail)
+                                         false_fail=false_fail,
+                                         safe_share=rule.safe_share if rule is not None else 0.5)
 
 
 def screen_n(limit: Limit) -> int:
@@ -157,8 +158,15 @@ class SteadyState:
     # never toward a fail (see autotune.ceiling).
     prior: Prior = ()
     # The pass decisions that share the false-pass rate 1 - confidence (Bonferroni):
-    # a ceiling search that may pass any of its tests, pooled, divides it among them.
-    looks: int = 1
+    # a ceiling search that may pass any of its tests, pooled, divides it among them
+    # (a fraction when one test is given several looks' share: ceiling's proof).
+    looks: float = 1
+    # The safe hypothesis of each limit's sequential test, as a share of its allowance
+    # (sequential.ExceedanceTest.safe_share).  Half by default; a ceiling search near
+    # the latency floor proves a rate against a higher one (ceiling.PROOF_SAFE_SHARE):
+    # its false-pass rate at the allowance is the same, and it can pass an exceedance
+    # that sits between half the allowance and the allowance.
+    safe_share: float = 0.5
     # A screening test (a search's first, short look at a config): a limit passes on
     # its point estimate (at most the allowance over it, of enough requests to show
     # one percentile), for ranking configs; only a proof's sequential tests make an
@@ -176,8 +184,10 @@ class SteadyState:
                                f"({lo:g} s)")
         if self.min_requests < 0:
             raise VerdictError(f"minimum requests must be >= 0, got {self.min_requests}")
-        if self.looks < 1:
+        if not self.looks >= 1:
             raise VerdictError(f"looks must be >= 1, got {self.looks}")
+        if not 0 < self.safe_share < 1:
+            raise VerdictError(f"safe share must be in (0, 1), got {self.safe_share}")
         for name in ("confidence", "fail_confidence"):
             if getattr(self, name) not in _Z:
                 raise VerdictError(f"{name} must be one of {sorted(_Z)}, got "

@@ -104,6 +104,31 @@ def test_an_slo_under_the_latency_floor_stops_at_once_and_keeps_the_evidence(
     assert data["search_probes"] == 1
 
 
+def test_the_default_config_at_its_floor_answers_with_a_proof_whose_cap_holds(
+        tmp_path: Path) -> None:
+    """The README's first example: the default config at P99 10 s, where 0.64% of the
+    requests exceed 10 s even at light load, so every rate's share sits between half
+    the allowance and the allowance.  It answers (it ran out of rates before): one
+    long proof at the rate that ran to its cap undecided, within 6 search probes,
+    labelled coarse; and its cap holds in a long fixed-count run."""
+    out, long_run = tmp_path / "c.json", tmp_path / "b.json"
+    code, stdout, stderr = ceiling("--slo-p99", "10s", "--output", str(out))
+    assert code == 0, stderr
+    data = json.loads(out.read_text())
+    assert data["search_probes"] <= 6
+    proofs = [p for p in data["probes"] if p["phase"] == "proof"]
+    assert len(proofs) == 1 and proofs[0]["verdict"] == "pass"
+    assert proofs[0]["rate"] == data["feasible_max"] and data["proof"]["safe_share"] == 0.75
+    assert not data["converged"] and "coarse" in stdout and "the proof is the long run" in stdout
+    cap = data["recommended_cap"]
+    assert cap == pytest.approx(0.9 * data["feasible_max"])
+    result = runner.invoke(app, ["bench", "--backend", "sim", "--rate", f"{cap:.4f}",
+                                 "--num-prompts", "20000", "--output", str(long_run)])
+    assert result.exit_code == 0, result.stderr
+    e2e = json.loads(long_run.read_text())["summary"]["e2e"]
+    assert e2e["count"] > 15000 and e2e["p99"] <= 10.0
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--tol", "0"], "--tol must be greater than 0"),
     (["--tol", "-0.1"], "--tol must be greater than 0"),

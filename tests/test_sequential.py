@@ -34,6 +34,20 @@ def test_a_pass_at_the_allowance_is_at_most_five_percent(percentile: float) -> N
     assert operating_point(test, test.theta0).p_fail <= 0.05
 
 
+def test_a_proof_against_three_quarters_keeps_the_false_pass_rate() -> None:
+    """The ceiling's proof near the floor (safe at 75% of the allowance, the search's
+    remaining 2.5%): exact over every look, still <= its false-pass rate at the
+    allowance and above, and it passes a share between half the allowance and the
+    allowance (the default config's 0.68% at 2 req/s) that the default test fails a
+    third of the time."""
+    proof = ExceedanceTest.for_percentile(99, false_pass=0.025, safe_share=0.75)
+    for share in (1.0, 1.5):
+        assert operating_point(proof, share * proof.allowance).p_pass <= 0.025
+    zone = 0.0068
+    assert operating_point(proof, zone, n_max=40000).p_pass > 0.95
+    assert operating_point(P99, zone, n_max=40000).p_fail > 0.3
+
+
 def test_pass_chance_falls_with_the_exceedance() -> None:
     chances = [operating_point(P99, x).p_pass for x in (0.002, 0.004, 0.005, 0.0075, 0.01)]
     assert chances == sorted(chances, reverse=True)

@@ -549,18 +549,26 @@ def details(result: Any) -> list[str]:
 
 def _validate(o: CeilingOptions, result: Any, backend: Any, probe: Any,
               flags: dict[str, Any], validate_s: float, simulated: bool) -> None:
-    from autotune.ceiling import lent_evidence
     from autotune.validation import validate_cap
 
     cap = float(result.recommended_cap)
     console.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
                   + (" (virtual time)" if simulated else ""), soft_wrap=True)
+    plan = probe.plan(o.num_prompts, 0, cap)
+    if plan.steady is not None:
+        plan = replace(plan, steady=result.answer_rule(plan.steady))
     result.validation = validate_cap(
-        backend, flags, cap, probe.plan(o.num_prompts, 0, cap), duration_s=validate_s,
-        prior_for=lambda rate: lent_evidence(result.probes, rate),
+        backend, flags, cap, plan, duration_s=validate_s, prior_for=result.prior_for,
         on_run=lambda r: console.print(f"  {r.rate:.4g} req/s: {r.verdict} "
                                        f"({r.requests} requests judged)", soft_wrap=True,
                                        highlight=False))
+
+
+def _proof_span(result: Any) -> str:
+    from autotune.ceiling import format_seconds
+
+    proof = next(p for p in result.probes if p.phase == "proof")
+    return format_seconds(proof.evidence.at_s if proof.evidence is not None else math.nan)
 
 
 def _keep_interrupted(o: CeilingOptions, probes: Sequence[Any], about: dict[str, Any]
@@ -588,6 +596,7 @@ def _cap_phrase(steady: Any, slo: Any) -> str:
 
 def _ceiling(o: CeilingOptions, study: Any = None) -> int:
     from autotune.ceiling import (
+        PROOF_CAP_S,
         BackendProbe,
         check_settings,
         find_ceiling,
@@ -657,9 +666,17 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
             num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
             repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
             min_rate=o.min_rate, max_rate=o.max_rate,
-            lowest_rate=steady.lowest_rate(slo), on_probe=on_probe)
-        if validate_s and result.recommended_cap:
+            lowest_rate=steady.lowest_rate(slo), on_probe=on_probe,
+            proof_cap_s=PROOF_CAP_S if o.max_duration is None else steady.max_s(slo))
+        if validate_s and result.recommended_cap and result.proof is None:
             _validate(o, result, backend, probe, flags, validate_s, simulated)
+        elif validate_s and result.recommended_cap:
+            # A run of a few minutes at the cap cannot decide near the floor; the proof
+            # is already the long run, at a rate above the cap.
+            result.notes.append(
+                f"no separate validation: the proof is the long run ("
+                f"{_proof_span(result)} of arrivals at {result.feasible_max:.4g} req/s, "
+                f"above the cap)")
     except (KeyboardInterrupt, SystemExit) as exc:
         code = interrupted_code(exc)
         if code is None:

@@ -110,7 +110,8 @@ def test_the_default_config_at_its_floor_answers_with_a_proof_whose_cap_holds(
     requests exceed 10 s even at light load, so every rate's share sits between half
     the allowance and the allowance.  It answers (it ran out of rates before): one
     long proof at the rate that ran to its cap undecided, within 6 search probes,
-    labelled coarse; and its cap holds in a long fixed-count run."""
+    labelled coarse; and its cap holds in a long fixed-count run (8,000 requests here;
+    the README's 15,393-request run measured P99 9.53 s)."""
     out, long_run = tmp_path / "c.json", tmp_path / "b.json"
     code, stdout, stderr = ceiling("--slo-p99", "10s", "--output", str(out))
     assert code == 0, stderr
@@ -123,10 +124,10 @@ def test_the_default_config_at_its_floor_answers_with_a_proof_whose_cap_holds(
     cap = data["recommended_cap"]
     assert cap == pytest.approx(0.9 * data["feasible_max"])
     result = runner.invoke(app, ["bench", "--backend", "sim", "--rate", f"{cap:.4f}",
-                                 "--num-prompts", "20000", "--output", str(long_run)])
+                                 "--num-prompts", "8000", "--output", str(long_run)])
     assert result.exit_code == 0, result.stderr
     e2e = json.loads(long_run.read_text())["summary"]["e2e"]
-    assert e2e["count"] > 15000 and e2e["p99"] <= 10.0
+    assert e2e["count"] == 8000 and e2e["p99"] <= 10.0
 
 
 @pytest.mark.parametrize(("args", "message"), [

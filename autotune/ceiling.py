@@ -36,7 +36,7 @@ from autotune.metrics import Summary, quantile_upper_bound
 from autotune.records import RequestRecord
 from autotune.sequential import ExceedanceTest
 from autotune.slo import SLO, quantile
-from autotune.verdict import Prior, SteadyState, horizon, merge_prior
+from autotune.verdict import Prior, horizon, merge_prior
 from autotune.workload import Request
 
 # A probe that completes fewer requests per second than this share of its offered
@@ -401,21 +401,9 @@ class CeilingResult:
     budget_spent: bool = False
     # A light-load test showed that no rate can meet the SLO.
     below_floor: bool = False
-    # The proof near the floor, when the search ran one (feasible_max is its rate).
+    # The proof near the floor, when the search ran one (feasible_max is its rate; it
+    # stands as the long run: no validation follows it).
     proof: Proof | None = None
-
-    def prior_for(self, rate: float) -> Prior:
-        """What the search's tests lend a later test at ``rate`` (its validation): the
-        tests at or above it, or, after a proof, those a proof there would pool."""
-        return lent_evidence(self.probes, rate,
-                             rate * PROOF_POOL if self.proof is not None else math.inf)
-
-    def answer_rule(self, steady: SteadyState) -> SteadyState:
-        """``steady`` as this answer's pass was judged: after a proof, against its
-        safe share (a validation judged against half would never end near the floor)."""
-        if self.proof is None:
-            return steady
-        return dataclasses.replace(steady, safe_share=self.proof.safe_share)
 
     @property
     def recommended_cap(self) -> float | None:
@@ -691,14 +679,14 @@ class _Search:
     def left(self) -> int:
         return self.budget - self.used
 
-    def prior_for(self, rate: float) -> Prior:
-        return lent_evidence(self.probes, rate)
+    def prior_for(self, rate: float, proof: bool = False) -> Prior:
+        """What the search's tests lend a test at ``rate``; a proof pools only those up
+        to PROOF_POOL times its rate."""
+        return lent_evidence(self.probes, rate, rate * PROOF_POOL if proof else math.inf)
 
     def run_one(self, rate: float, n: int, phase: str, repeat: int = 0,
                 note: str | None = None, proof: Proof | None = None) -> Probe:
-        prior = (() if phase in UNCOUNTED
-                 else lent_evidence(self.probes, rate, rate * PROOF_POOL) if proof
-                 else self.prior_for(rate))
+        prior = () if phase in UNCOUNTED else self.prior_for(rate, proof is not None)
         if phase == "floor":
             res = self.probe(rate, n, light=True)
         else:
@@ -812,8 +800,7 @@ class _Search:
         # The remaining share of the search's false-pass rate: the proof is its last
         # pass decision, so the shares of all its decisions still sum to the whole.
         looks = self.budget / self.left
-        pooled = {label: (n, k, d) for label, n, k, d
-                  in lent_evidence(self.probes, rate, rate * PROOF_POOL)}
+        pooled = {label: (n, k, d) for label, n, k, d in self.prior_for(rate, proof=True)}
         need = 0.0
         for limit in self.slo.limits:
             if limit.label not in pooled:

@@ -549,16 +549,15 @@ def details(result: Any) -> list[str]:
 
 def _validate(o: CeilingOptions, result: Any, backend: Any, probe: Any,
               flags: dict[str, Any], validate_s: float, simulated: bool) -> None:
+    from autotune.ceiling import lent_evidence
     from autotune.validation import validate_cap
 
     cap = float(result.recommended_cap)
     console.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
                   + (" (virtual time)" if simulated else ""), soft_wrap=True)
-    plan = probe.plan(o.num_prompts, 0, cap)
-    if plan.steady is not None:
-        plan = replace(plan, steady=result.answer_rule(plan.steady))
     result.validation = validate_cap(
-        backend, flags, cap, plan, duration_s=validate_s, prior_for=result.prior_for,
+        backend, flags, cap, probe.plan(o.num_prompts, 0, cap), duration_s=validate_s,
+        prior_for=lambda rate: lent_evidence(result.probes, rate),
         on_run=lambda r: console.print(f"  {r.rate:.4g} req/s: {r.verdict} "
                                        f"({r.requests} requests judged)", soft_wrap=True,
                                        highlight=False))

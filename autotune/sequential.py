@@ -289,6 +289,22 @@ def _clustering_now(v: np.ndarray, threshold: float) -> float:
     return base * float(_BASE_BATCHES) ** _growth(v.size, [running[lv] for lv in frequent])
 
 
+def level_by_part(values: np.ndarray, q: float = 0.9, parts: int = 4) -> tuple[float, ...]:
+    """The ``q`` quantile of the known ``values`` in each of ``parts`` consecutive parts
+    (arrival order): how the latency level moved over a test; () when a part has too
+    few values to tell."""
+    v = np.asarray(values, dtype=float)
+    chunks = [c[np.isfinite(c)] for c in np.array_split(v, parts)]
+    if any(c.size < 20 for c in chunks):
+        return ()
+    return tuple(float(np.quantile(c, q)) for c in chunks)
+
+
+def drifted(levels: tuple[float, ...], ratio: float = 1.5) -> bool:
+    """Whether the level moved by more than ``ratio`` between parts of a test."""
+    return bool(levels) and min(levels) > 0 and max(levels) / min(levels) > ratio
+
+
 def _frequent_levels(v: np.ndarray) -> list[float]:
     finite = v[np.isfinite(v)]
     if not finite.size:

@@ -47,6 +47,8 @@ from autotune.sequential import PASS as SEQ_PASS
 from autotune.sequential import (
     ExceedanceTest,
     clustering,
+    drifted,
+    level_by_part,
     local_clustering,
     requests_for_power,
 )
@@ -286,6 +288,9 @@ class LimitEvidence:
     # What this test lends to a pooled test at a lower rate (sequential.lent).
     lend_n: int = 0
     lend_exceed: int = 0
+    # The 90th percentile of each quarter of the cohort: a server whose speed drifts
+    # shows here why its clustering is large.
+    p90_by_quarter: tuple[float, ...] = ()
 
     @property
     def passes(self) -> bool:
@@ -547,7 +552,7 @@ def judge(
                              f"{ev.pooled_n})")
                 need.append(f"{ev.label}: {ev.exceed} of {ev.n} over {_s(ev.threshold_s)} "
                             f"({_pct(ev.exceedance)}, P{_p(ev)} {_s(ev.observed_s)}, "
-                            f"clustering x{ev.dispersion:.2g}): not yet shown under "
+                            f"clustering x{ev.dispersion:.2g}{_drift(ev)}): not yet shown under "
                             f"{limit_test(_limit(slo, ev.label), rule).allowance:.1%}"
                             f"{more}")
         if at_s < min_s:
@@ -640,7 +645,22 @@ def _limit_evidence(a: _Arrays, idx: np.ndarray, limit: Limit, now: float,
         limit.label, limit.threshold_s, float(observed), float(upper), float(lower), n,
         k_lo, test.pass_count(n + pn, pd) - pk, exceed=k_hi, dispersion=d,
         decision=decision, to_pass=to_pass, pooled_n=n + pn if pn else 0,
-        pooled_exceed=k_hi + pk if pn else 0, lend_n=lend_n, lend_exceed=lend_k)
+        pooled_exceed=k_hi + pk if pn else 0, lend_n=lend_n, lend_exceed=lend_k,
+        p90_by_quarter=level_by_part(hi))
+
+
+# The clustering above which a drifting level is named as its cause.
+_DRIFT_NOTE_CLUSTERING = 10.0
+
+
+def _drift(ev: LimitEvidence) -> str:
+    """Why a large clustering: the server's own level moved over the test (a speed that
+    wanders reads as one swing as long as the test, so more requests cannot settle
+    it), named with the quarters' 90th percentiles."""
+    if ev.dispersion < _DRIFT_NOTE_CLUSTERING or not drifted(ev.p90_by_quarter):
+        return ""
+    return ("; the level drifted, P90 by quarter "
+            + ", ".join(_s(x) for x in ev.p90_by_quarter))
 
 
 def _limit(slo: SLO, label: str) -> Limit:

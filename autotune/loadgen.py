@@ -563,9 +563,9 @@ async def run_load_test(
                     task.cancel()
                 await asyncio.gather(dispatcher, *run.tasks, return_exceptions=True)
         finally:
-            for task in (dispatcher, watcher):
-                if task is not None and not task.done():
-                    task.cancel()
+            for own in (dispatcher, watcher):
+                if own is not None and not own.done():
+                    own.cancel()
             await asyncio.gather(*(t for t in (dispatcher, watcher) if t is not None),
                                  return_exceptions=True)
             for task in list(run.tasks):

@@ -211,7 +211,9 @@ def slo_samples(measured: Sequence[RequestRecord]) -> dict[str, np.ndarray]:
             tpot.append(inf)
             itl.append(inf)
             continue
-        e2e.append(r.e2e_s)
+        # ok does not imply a send time; without one the latency is unknown (NaN), not a
+        # failure (inf).
+        e2e.append(r.e2e_s if r.e2e_s is not None else math.nan)
         ttft.append(r.ttft_s if r.ttft_s is not None else inf)
         if r.tpot_s is not None:
             tpot.append(r.tpot_s)

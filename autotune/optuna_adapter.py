@@ -23,7 +23,7 @@ import inspect
 import logging
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import optuna
 from optuna.storages import BaseStorage
@@ -100,6 +100,13 @@ def retry_stale_callback(max_retry: int) -> StaleCallback:
         return cls(max_retry=max_retry)
 
 
+class _StaleKeyword(TypedDict, total=False):
+    """RDBStorage's stale-trial callback keyword: one of the two, by Optuna's major."""
+
+    heartbeat_stale_trial_callback: StaleCallback | None
+    failed_trial_callback: StaleCallback | None  # Optuna 4.x
+
+
 def heartbeat_rdb(url: str, *, heartbeat_interval: int | None, grace_period: int | None,
                   max_retry: int = 1, engine_kwargs: dict[str, Any] | None = None
                   ) -> optuna.storages.RDBStorage:
@@ -108,13 +115,16 @@ def heartbeat_rdb(url: str, *, heartbeat_interval: int | None, grace_period: int
     times, under whichever keyword the installed Optuna takes."""
     callback = retry_stale_callback(max_retry) if heartbeat_interval is not None else None
     params = inspect.signature(optuna.storages.RDBStorage.__init__).parameters
-    keyword = ("heartbeat_stale_trial_callback" if "heartbeat_stale_trial_callback" in params
-               else "failed_trial_callback")  # Optuna 4.x
+    stale: _StaleKeyword = {}
+    if "heartbeat_stale_trial_callback" in params:
+        stale["heartbeat_stale_trial_callback"] = callback
+    else:
+        stale["failed_trial_callback"] = callback  # Optuna 4.x
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.storages.RDBStorage(
             url, engine_kwargs=engine_kwargs, heartbeat_interval=heartbeat_interval,
-            grace_period=grace_period, **{keyword: callback})
+            grace_period=grace_period, **stale)
 
 
 def heartbeat_enabled(storage: BaseStorage) -> bool:

@@ -352,6 +352,8 @@ def _backend(o: SearchOptions, plan: Plan) -> Any:
     if plan.backend == "attach":
         from autotune.server import AttachedServer
 
+        if not o.url:  # _validate refused this already; an attached server needs its URL
+            raise OptionsError("--backend attach needs --url of the running server")
         return ServerBackend(AttachedServer(o.url), name="attach", gpus=plan.gpus)
     from autotune.server import VllmServer
 
@@ -838,13 +840,14 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Conso
                                                             plan.settings.max_probes))
 
     how = "virtual time" if backend.mode == "virtual" else "real time"
+    duration_s = float(plan.validate_s or 300.0)
     out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
-              f"{plan.validate_s / 60:g} min ({how}); a failed run steps the cap down 5%",
+              f"{duration_s / 60:g} min ({how}); a failed run steps the cap down 5%",
               soft_wrap=True)
     from autotune.study import append_load_test
 
     val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
-                       duration_s=float(plan.validate_s or 300.0),
+                       duration_s=duration_s,
                        prior_for=None if proof is None
                        else (lambda rate: lent_evidence(proof.probes, rate)),
                        on_result=lambda res: append_load_test(

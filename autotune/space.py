@@ -114,12 +114,22 @@ class Param:
     log: bool = False
     choices: tuple[Any, ...] = ()
 
+    def bounds(self) -> tuple[float, float]:
+        """``low`` and ``high`` of an int or float parameter (the loader sets both)."""
+        if self.low is None or self.high is None:
+            # Only a Param built by hand can lack them (a space file is refused first):
+            # a programming error, so the TypeError float(None) would have raised.
+            raise TypeError(f"parameter {self.name!r} ({self.type}) has no low/high")
+        return self.low, self.high
+
     def suggest(self, trial: _Suggester) -> Any:
         if self.type == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high),
+            lo, hi = self.bounds()
+            return trial.suggest_int(self.name, int(lo), int(hi),
                                      step=int(self.step or 1), log=self.log)
         if self.type == "float":
-            value = trial.suggest_float(self.name, float(self.low), float(self.high),
+            lo, hi = self.bounds()
+            value = trial.suggest_float(self.name, float(lo), float(hi),
                                         step=self.step, log=self.log)
             # Optuna's stepped floats carry binary noise (0.8500000000000001).
             return round(value, 10) if self.step else value
@@ -133,7 +143,8 @@ class Param:
             return [False, True]
         if self.type == "categorical":
             return list(self.choices)
-        lo, hi = float(self.low), float(self.high)
+        low, high = self.bounds()
+        lo, hi = float(low), float(high)
         if self.step:
             n = int(math.floor((hi - lo) / self.step + 1e-9)) + 1
             if n <= max(points, 8):
@@ -158,7 +169,8 @@ class Param:
             v = float(value)
         except (TypeError, ValueError):
             return False
-        return float(self.low) - 1e-9 <= v <= float(self.high) + 1e-9
+        lo, hi = self.bounds()
+        return float(lo) - 1e-9 <= v <= float(hi) + 1e-9
 
 
 def _geomspace(lo: float, hi: float, n: int) -> list[float]:
@@ -417,13 +429,17 @@ def _parse_param(name: str, spec: Any, fail: Callable[[str, str], SpaceError]) -
         if len(set(map(repr, choices))) != len(choices):
             raise fail(f"{key}.choices", "lists a value twice")
         return Param(name, "categorical", choices=tuple(choices))
-    low, high = spec.get("low"), spec.get("high")
-    step, log = spec.get("step"), spec.get("log", False)
-    for k, v in (("low", low), ("high", high)):
+
+    def bound(k: str) -> float:
+        v = spec.get(k)
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise fail(f"{key}.{k}", f"must be a number, got {v!r}")
         if ptype == "int" and not float(v).is_integer():
             raise fail(f"{key}.{k}", f"must be an integer for an int parameter, got {v!r}")
+        return v
+
+    low, high = bound("low"), bound("high")
+    step, log = spec.get("step"), spec.get("log", False)
     if not low < high:
         raise fail(key, f"empty range: low={low} must be below high={high}")
     if not isinstance(log, bool):

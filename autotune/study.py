@@ -860,7 +860,8 @@ def rate_bounds(space: SearchSpace) -> tuple[float, float] | None:
     if p.type == "categorical":
         values = [float(v) for v in p.choices]
         return min(values), max(values)
-    return float(p.low), float(p.high)
+    low, high = p.bounds()
+    return float(low), float(high)
 
 
 def prescreen_enqueue(rows: Sequence[StoredTrial], space: SearchSpace, *, top_k: int = 3

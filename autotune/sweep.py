@@ -402,8 +402,9 @@ def _counter_deltas(before: str, after: str) -> dict[str, Any]:
     b, a = parse_prometheus(before), parse_prometheus(after)
     out: dict[str, Any] = {}
     eb, ea = engine_figures(b), engine_figures(a)
-    if ea.get("preemptions") is not None:
-        out["preemptions"] = ea["preemptions"] - (eb.get("preemptions") or 0.0)
+    preemptions = ea.get("preemptions")
+    if preemptions is not None:
+        out["preemptions"] = preemptions - (eb.get("preemptions") or 0.0)
     name = "vllm:request_queue_time_seconds"
     n = a.get(name + "_count", 0.0) - b.get(name + "_count", 0.0)
     if n > 0:

@@ -32,6 +32,7 @@ import numpy as np
 from autotune.errors import AutotuneError
 from autotune.files import json_safe
 from autotune.metrics import Summary
+from autotune.record import as_mapping
 from autotune.records import RequestRecord
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -64,20 +65,21 @@ def _stats_ms(values: Sequence[float]) -> dict[str, float]:
 def _peaks(ok: Sequence[RequestRecord]) -> tuple[float, int]:
     """vLLM's ``max_output_tokens_per_s`` and ``max_concurrent_requests``: per-second
     buckets from the first send; one token per streamed chunk."""
-    timed = [r for r in ok if r.sent_s is not None and r.end_s is not None]
+    timed = [(r.sent_s, r.end_s, r.chunk_times_s) for r in ok
+             if r.sent_s is not None and r.end_s is not None]
     if not timed:
         return 0.0, 0
-    t0 = min(r.sent_s for r in timed)  # type: ignore[type-var]
-    t1 = max(r.end_s for r in timed)  # type: ignore[type-var]
+    t0 = min(sent for sent, _, _ in timed)
+    t1 = max(end for _, end, _ in timed)
     n = int(math.ceil(t1 - t0)) + 1
     tokens = np.zeros(n)
     conc = np.zeros(n)
-    for r in timed:
-        for t in r.chunk_times_s:
+    for sent, end, chunk_times in timed:
+        for t in chunk_times:
             b = int(t - t0)
             if 0 <= b < n:
                 tokens[b] += 1
-        a, z = int(r.sent_s - t0), int(r.end_s - t0)  # type: ignore[operator]
+        a, z = int(sent - t0), int(end - t0)
         conc[a:min(z, n - 1) + 1] += 1
     return float(tokens.max()), int(conc.max())
 
@@ -224,6 +226,11 @@ def _per_request_e2e(obj: Mapping[str, Any]) -> list[float] | None:
             if not e]
 
 
+def _list_at(obj: Mapping[str, Any], key: str) -> list[Any] | None:
+    value = obj.get(key)
+    return value if isinstance(value, list) else None
+
+
 def records_from_vllm_result(obj: Mapping[str, Any]) -> list[RequestRecord]:
     """The requests of a detailed result (``--save-detailed``) as our records, so that
     ``metrics.summarize`` can be run on exactly the data vLLM summarised.
@@ -239,10 +246,13 @@ def records_from_vllm_result(obj: Mapping[str, Any]) -> list[RequestRecord]:
         raise VllmResultError(f"not a detailed result (run vllm bench serve with "
                               f"--save-detailed): no {', '.join(missing)}")
     n = len(obj["ttfts"])
-    starts = obj.get("start_times") if isinstance(obj.get("start_times"), list) else [0.0] * n
-    latencies = obj.get("latencies") if isinstance(obj.get("latencies"), list) else None
-    errors = obj.get("errors") if isinstance(obj.get("errors"), list) else [""] * n
-    inputs = obj.get("input_lens") if isinstance(obj.get("input_lens"), list) else [0] * n
+    starts = _list_at(obj, "start_times")
+    starts = [0.0] * n if starts is None else starts
+    latencies = _list_at(obj, "latencies")
+    errors = _list_at(obj, "errors")
+    errors = [""] * n if errors is None else errors
+    inputs = _list_at(obj, "input_lens")
+    inputs = [0] * n if inputs is None else inputs
     if any(len(v) != n for v in (obj["itls"], obj["output_lens"], starts, errors, inputs)):
         raise VllmResultError("detailed result lists have different lengths")
     records = []
@@ -286,7 +296,7 @@ def vllm_result_row(obj: Mapping[str, Any], *, name: str = "") -> dict[str, Any]
             e2e_p99 = float(np.percentile(per_req, 99))
         if e2e_p50 is None:
             e2e_p50 = float(np.percentile(per_req, 50))
-    meta = obj.get("autotune") if isinstance(obj.get("autotune"), Mapping) else {}
+    meta = as_mapping(obj.get("autotune"))
     label = obj.get("label") or name or obj.get("backend") or "vllm"
     return {
         "time": _iso(obj.get("date")),

@@ -7,8 +7,8 @@
 
 Each benchmark runs as its own process (the exact command is written into the page),
 its JSON is kept next to the page under ``benchmarks/results/`` (``--json-dir``).  A
-full (not ``--smoke``) run also rewrites the headline block of README.md from the page,
-so the README never quotes a figure by hand.
+full (not ``--smoke``) run also rewrites the headline block of docs/benchmarks.md from
+the page, so the docs never quote a figure by hand.
 """
 
 from __future__ import annotations
@@ -221,9 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--note", action="append", default=[],
                    help="a line for the page's header (e.g. what else ran on the machine)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per benchmark")
-    p.add_argument("--readme", type=Path, default=ROOT / "README.md",
-                   help="README whose headline block a full run rewrites")
-    p.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    p.add_argument("--readme", type=Path, default=ROOT / "docs" / "benchmarks.md",
+                   help="page whose headline block a full run rewrites")
+    p.add_argument("--no-readme", action="store_true", help="leave that page alone")
     args = p.parse_args(argv)
     names = [n.strip() for n in args.only.split(",") if n.strip()]
     known = {b.name for b in BENCHMARKS}

@@ -65,7 +65,7 @@ def test_every_command_that_writes_results_takes_output_and_out() -> None:
 
 
 def shared_table() -> str:
-    """The README's table of shared options, from the commands themselves."""
+    """docs/options.md's table of shared options, from the commands themselves."""
     rows: dict[str, tuple[Any, list[str]]] = {}
     for name, cmd in sorted(commands().items()):
         for opt, p in options_of(cmd).items():
@@ -81,14 +81,14 @@ def shared_table() -> str:
     return "\n".join(lines)
 
 
-def test_the_readme_table_of_shared_options_matches_the_commands() -> None:
+def test_the_docs_table_of_shared_options_matches_the_commands() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    page = (Path(__file__).resolve().parent.parent / "docs" / "options.md").read_text()
     begin, end = "<!-- shared-options -->", "<!-- /shared-options -->"
-    assert begin in readme and end in readme
-    block = readme.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert block == shared_table(), "README out of date; the table should read:\n" + (
+    assert begin in page and end in page
+    block = page.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert block == shared_table(), "docs/options.md out of date; the table should read:\n" + (
         shared_table())
 
 

@@ -244,8 +244,8 @@ def _sweep(o: SweepOptions) -> None:
     kind = o.backend or ("attach" if o.url else "vllm" if o.model else "sim")
     if kind not in BACKENDS:
         raise UsageError(f"unknown --backend {kind!r}; use one of {', '.join(BACKENDS)}")
-    if kind == "attach" and not o.url:
-        raise UsageError("--backend attach needs --url of the running server")
+    if kind == "attach":
+        _attach_url(o)  # refuses a missing --url before anything is read or started
     if kind == "attach" and spec.param is not None:
         raise UsageError(f"--param {spec.param} is a server-side setting and an attached "
                          "server cannot be restarted: sweep --rate or --concurrency only, or "
@@ -296,6 +296,12 @@ def _sweep(o: SweepOptions) -> None:
         raise typer.Exit(1)
 
 
+def _attach_url(o: SweepOptions) -> str:
+    if not o.url:
+        raise UsageError("--backend attach needs --url of the running server")
+    return o.url
+
+
 def _context(o: SweepOptions, spec: Any, kind: str) -> int:
     """The ShareGPT length limit: --max-model-len, else the swept config's, else what an
     attached server reports, else the default."""
@@ -306,7 +312,7 @@ def _context(o: SweepOptions, spec: Any, kind: str) -> int:
     if kind == "attach":
         from autotune.loadgen import check_server
 
-        reported = check_server(o.url).max_model_len
+        reported = check_server(_attach_url(o)).max_model_len
         if reported:
             return int(reported)
     return DEFAULT_CONTEXT
@@ -353,7 +359,8 @@ def _backend(o: SweepOptions, kind: str, sim: tuple[str, str, int] | None,
     if kind == "attach":
         from autotune.server import AttachedServer
 
-        return ServerBackend(AttachedServer(o.url), name="attach", gpus=o.gpus, nvml=False)
+        return ServerBackend(AttachedServer(_attach_url(o)), name="attach", gpus=o.gpus,
+                             nvml=False)
     from autotune.server import VllmServer
 
     cmd = shlex.split(o.vllm_cmd)

@@ -14,6 +14,7 @@ from typing import Any
 
 from autotune.files import atomic_write
 from autotune.recommend import equal_gpus
+from autotune.record import as_mapping
 from autotune.report import plots
 from autotune.report.data import (
     ReportError,
@@ -140,14 +141,15 @@ def provenance(data: StudyData, rows: Sequence[Mapping[str, Any]] | None = None)
 
 def hardware(data: StudyData) -> str:
     a = data.attrs
-    prof = a.get("profile") if isinstance(a.get("profile"), Mapping) else {}
+    prof = as_mapping(a.get("profile"))
     hw = a.get("hardware") or prof.get("hardware")
     model = a.get("model") or prof.get("model")
     gpus = a.get("gpus") or prof.get("gpus")
     if not hw:
         # The simulator records its profile in each trial's telemetry.
-        engine = next((r["telemetry"]["engine"] for r in data.rows
-                       if isinstance((r.get("telemetry") or {}).get("engine"), Mapping)), {})
+        engine: Mapping[str, Any] = next(
+            (r["telemetry"]["engine"] for r in data.rows
+             if isinstance((r.get("telemetry") or {}).get("engine"), Mapping)), {})
         hw, model = engine.get("hardware"), model or engine.get("model")
         if hw:
             return f"{hw}" + (f", model {model}" if model else "")
@@ -311,7 +313,7 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     cap = ceiling * (1 - headroom)
     # `autotune search` writes recommendation.json; where it speaks of the same trial,
     # its ceiling, cap and command are used so the report and it never disagree.
-    rec_best = rec.get("best") if isinstance(rec.get("best"), Mapping) else {}
+    rec_best = as_mapping(rec.get("best"))
     same = rec_best.get("trial") == best["trial"]
     if same and isinstance(rec_best.get("max_feasible_rate"), int | float):
         ceiling = float(rec_best["max_feasible_rate"])
@@ -399,7 +401,7 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
     notes.append(data.importance_note)  # over which trials, or why there is no plot
     target = best_row(data) or closest_row(data)
     series = read_timeline(target) if target is not None else {}
-    if series:
+    if target is not None and series:
         what = "recommended" if target is best_row(data) else "closest"
         figs["timeline"] = plots.timeline(
             series, plot_dir / "timeline.png", provenance=prov,

@@ -45,7 +45,7 @@ class StudyData:
     attrs: dict[str, Any]
     rows: list[dict[str, Any]]  # one per trial, in trial order
     ceilings: list[dict[str, Any]] = field(default_factory=list)
-    imported: list[dict[str, Any]] = field(default_factory=list)
+    imported: list[Mapping[str, Any]] = field(default_factory=list)
     recommendation: dict[str, Any] | None = None
     direction: str = "maximize"
     importances: dict[str, float] | None = None
@@ -237,7 +237,7 @@ def ceiling_probe_rows(ceilings: Sequence[Mapping[str, Any]]) -> list[dict[str, 
         for p in c.get("probes", []):
             if not isinstance(p, Mapping):
                 continue
-            summary = p.get("summary") if isinstance(p.get("summary"), Mapping) else {}
+            summary = _mapping(p.get("summary"))
             checks = p.get("checks") or []
             rows.append({
                 "config": config,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import matplotlib
 
@@ -21,7 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from autotune.report.data import config_label, varying_keys  # noqa: E402
 
 MAX_CONFIGS = 6  # more curves than this on one plot is unreadable
-COLORS = plt.get_cmap("tab10").colors
+COLORS = tuple(matplotlib.color_sequences["tab10"])
 REASON_MARKERS = ("v", "^", "s", "D", "P", "X", "<", ">")
 
 
@@ -42,7 +42,7 @@ def legend(ax: Any, *, fontsize: int = 7) -> Any:
                      borderaxespad=0.0)
 
 
-def _ok(x: Any) -> bool:
+def _ok(x: Any) -> TypeGuard[float]:
     return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
 
 
@@ -160,8 +160,7 @@ def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
         if not r.get("feasible"):
             reasons.setdefault(str(r.get("reason") or r.get("status") or "?"), []).append(r)
     for i, (reason, rs) in enumerate(sorted(reasons.items())):
-        ys = [r.get("output_throughput") if _ok(r.get("output_throughput")) else 0.0
-              for r in rs]
+        ys = [y if _ok(y := r.get("output_throughput")) else 0.0 for r in rs]
         ax.plot([r["trial"] for r in rs], ys, REASON_MARKERS[i % len(REASON_MARKERS)],
                 color=COLORS[(i + 3) % len(COLORS)], mfc="none",
                 label=f"infeasible: {reason} ({len(rs)})")

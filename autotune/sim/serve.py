@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import heapq
 import itertools
 import json
@@ -242,8 +243,8 @@ class RealtimeEngine:
             if fe is None:
                 self._deliver(tokens, done)
             else:  # the client has them once the front end has sent them
-                self._at(fe.emit(target, len(tokens)), lambda t=tokens, d=done:
-                         self._deliver(t, d))
+                self._at(fe.emit(target, len(tokens)),
+                         functools.partial(self._deliver, tokens, done))
             if self.crash_after is not None and self.finished_total >= self.crash_after:
                 log("ERROR", "EngineCore encountered a fatal error (simulated fault: "
                     f"--crash-after {self.crash_after}): RuntimeError: Engine core died "

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.files import atomic_write
+from autotune.core.files import atomic_write
 from benchmarks.results import (
     BenchRun,
     committed_label,

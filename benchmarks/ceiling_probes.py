@@ -32,11 +32,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.ceiling import BackendProbe, ProbeResult, find_ceiling  # noqa: E402
-from autotune.slo import SLO, parse_slo  # noqa: E402
-from autotune.trial import LoadPlan, SimBackend, evaluate  # noqa: E402
-from autotune.verdict import PASS, SteadyState  # noqa: E402
-from autotune.workload import Request  # noqa: E402
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.slo import SLO, parse_slo  # noqa: E402
+from autotune.tuning.ceiling import BackendProbe, ProbeResult, find_ceiling  # noqa: E402
+from autotune.tuning.trial import evaluate  # noqa: E402
+from autotune.tuning.verdict import PASS, SteadyState  # noqa: E402
+from autotune.workload.sources import Request  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 from benchmarks.search_scenarios import truth_passes  # noqa: E402
 

@@ -14,7 +14,7 @@ arrival order.  Per limit, over the first three quarters of each run (the last d
 it):
 
 * **estimated**: the clustering the verdict divides its evidence by
-  (``autotune.sequential.clustering`` at the limit), median over the runs;
+  (``autotune.tuning.sequential.clustering`` at the limit), median over the runs;
 * **true**: at the levels that 1% and 0.5% of all runs' requests exceed, the variance
   of the per-run exceedance count over its binomial variance (what the estimate is
   meant to be), with its relative standard error sqrt(2 / (runs - 1)).
@@ -40,8 +40,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import benchmarks.search_scenarios as sc_mod  # noqa: E402
-from autotune.ceiling import search_looks  # noqa: E402
-from autotune.sequential import (  # noqa: E402
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.slo import parse_slo  # noqa: E402
+from autotune.tuning.ceiling import search_looks  # noqa: E402
+from autotune.tuning.sequential import (  # noqa: E402
     PASS,
     Clustered,
     ExceedanceTest,
@@ -50,9 +53,8 @@ from autotune.sequential import (  # noqa: E402
     judge_series,
     local_clustering,
 )
-from autotune.slo import parse_slo  # noqa: E402
-from autotune.trial import LoadPlan, SimBackend, evaluate  # noqa: E402
-from autotune.verdict import SteadyState, _Arrays, _limit_values, horizon  # noqa: E402
+from autotune.tuning.trial import evaluate  # noqa: E402
+from autotune.tuning.verdict import SteadyState, _Arrays, _limit_values, horizon  # noqa: E402
 from benchmarks.results import emit, table  # noqa: E402
 
 HERE = Path(__file__).resolve().parent

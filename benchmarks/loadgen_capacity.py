@@ -29,10 +29,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from autotune.loadgen import LoadTestConfig, run_load_test_sync  # noqa: E402
-from autotune.metrics import summarize  # noqa: E402
+from autotune.client.loadgen import LoadTestConfig, run_load_test_sync  # noqa: E402
+from autotune.core.metrics import summarize  # noqa: E402
 from autotune.testing.fake_server import FakeServerProcess  # noqa: E402
-from autotune.workload import Request  # noqa: E402
+from autotune.workload.sources import Request  # noqa: E402
 from benchmarks.results import table  # noqa: E402
 
 MIN_RATIO = 0.98

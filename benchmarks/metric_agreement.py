@@ -4,7 +4,7 @@ Two questions, two measurements:
 
 1. **Same definitions?**  `vllm bench serve --save-detailed` saves every request's send
    time, TTFT, ITLs and latency.  Those exact requests become our records
-   (``autotune.vllm_results.records_from_vllm_result``) and go through our
+   (``autotune.analysis.vllm_results.records_from_vllm_result``) and go through our
    ``metrics.summarize``: any difference to vLLM's own summary of the same data is a
    difference of definition, with no sampling in it.
 2. **Same figures from two clients?**  One simulator server (``python -m
@@ -50,7 +50,7 @@ from tool_comparison import (  # noqa: E402
     vllm_available,
 )
 
-from autotune.server import free_port  # noqa: E402
+from autotune.servers.vllm import free_port  # noqa: E402
 from autotune.testing.fake_server import stop_process  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 
@@ -164,8 +164,8 @@ def run_ours(url: str, model: str, rows: list[dict[str, Any]], rate: float,
 
 
 def ours_worker(spec_path: str, out_path: str) -> None:
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.workload import Request
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.workload.sources import Request
 
     spec = json.loads(Path(spec_path).read_text())
     reqs = [Request(r["prompt"], len(r["prompt"].split()), r["output_tokens"])
@@ -179,7 +179,7 @@ def ours_worker(spec_path: str, out_path: str) -> None:
 
 def figures_of(records: list[Any], rate: float | None) -> dict[str, Any]:
     """Our summary of ``records``, in vLLM's units (ms), with our p99's 95% bounds."""
-    from autotune.metrics import summarize
+    from autotune.core.metrics import summarize
 
     s = summarize(records, offered_rate=rate)
     fig: dict[str, Any] = {"completed": s.num_completed, "failed": s.num_failed,
@@ -199,7 +199,7 @@ def figures_of(records: list[Any], rate: float | None) -> dict[str, Any]:
 
 def same_records(saved: dict[str, Any], theirs: dict[str, Any]) -> list[dict[str, Any]]:
     """Our metrics on vLLM's own per-request data next to vLLM's summary of it."""
-    from autotune.vllm_results import records_from_vllm_result
+    from autotune.analysis.vllm_results import records_from_vllm_result
 
     records = records_from_vllm_result(saved)
     ours = figures_of(records, None)

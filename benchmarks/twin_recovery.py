@@ -12,7 +12,7 @@ Every figure is **simulated** (autotune's engine simulator, virtual seconds).
   observations (the ``per_trial`` most informative, each re-simulated on its first
   ``cap`` completed requests).  The same search of every config is the truth.
 * Trials come in a fixed, seeded random order of the scenario's configs.  After k of
-  them the twin is fitted (``autotune.sim.twin.fit_twin``) and predicts every config's
+  them the twin is fitted (``autotune.tuning.twin.fit_twin``) and predicts every config's
   ceiling with the same search on the fitted profile; the figure is the median over
   configs with a true ceiling of |predicted / true - 1| (a config the twin calls
   infeasible counts 100%).  k = 0 is the shipped profile itself.
@@ -40,10 +40,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from autotune.ceiling import BackendProbe, find_ceiling  # noqa: E402
-from autotune.files import atomic_write, json_safe  # noqa: E402
+from autotune.backends.base import LoadPlan  # noqa: E402
+from autotune.core.files import atomic_write, json_safe  # noqa: E402
 from autotune.sim.profiles import HardwareProfile, load_hardware, load_model  # noqa: E402
-from autotune.sim.twin import (  # noqa: E402
+from autotune.study.study import rate_bounds  # noqa: E402
+from autotune.tuning.ceiling import BackendProbe, find_ceiling  # noqa: E402
+from autotune.tuning.trial import SimBackend  # noqa: E402
+from autotune.tuning.twin import (  # noqa: E402
     ObservedTest,
     TwinFit,
     apply_factors,
@@ -51,8 +54,6 @@ from autotune.sim.twin import (  # noqa: E402
     observations_from_search,
     predict_ceiling,
 )
-from autotune.study import rate_bounds  # noqa: E402
-from autotune.trial import LoadPlan, SimBackend  # noqa: E402
 from benchmarks import search_scenarios as ss  # noqa: E402
 
 HIDDEN = {"compute": 0.7, "bandwidth": 1.2, "overheads": 2.0, "front_end": 1.5}

@@ -5,7 +5,7 @@ and how many requests it needs, against the true share of requests over the limi
 
 Three parts, all pure (no server):
 
-* exact, on independent requests (``autotune.sequential.operating_point``, a dynamic
+* exact, on independent requests (``autotune.tuning.sequential.operating_point``, a dynamic
   programme over the exceedance count, a look after every request): P(pass), P(fail),
   P(pass within 1,500 and 3,000 judged requests) and the expected requests to a
   decision, for a P99 alone and for a P99 inside a ceiling search (its pass decisions
@@ -30,14 +30,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from autotune.ceiling import search_looks  # noqa: E402
-from autotune.sequential import (  # noqa: E402
+from autotune.testing.queues import mm1_sojourns  # noqa: E402
+from autotune.tuning.ceiling import search_looks  # noqa: E402
+from autotune.tuning.sequential import (  # noqa: E402
     PASS,
     ExceedanceTest,
     judge_series,
     operating_point,
 )
-from autotune.testing.queues import mm1_sojourns  # noqa: E402
 from benchmarks.results import emit, fmt, table  # noqa: E402
 
 SHARES = (0.2, 0.35, 0.5, 0.6, 0.75, 1.0, 1.5, 2.0)  # true exceedance / allowance

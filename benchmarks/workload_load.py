@@ -12,8 +12,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from autotune.tokenizer import load_tokenizer
-from autotune.workload import load_sharegpt, read_sharegpt, synthetic_workload
+from autotune.workload.sources import load_sharegpt, read_sharegpt, synthetic_workload
+from autotune.workload.tokenizer import load_tokenizer
 
 T = TypeVar("T")
 

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from autotune.arrivals import arrival_offsets
+from autotune.workload.arrivals import arrival_offsets
 
 
 @pytest.mark.parametrize("process", ["poisson", "gamma", "constant"])

@@ -204,7 +204,7 @@ def test_console_script_entry_point() -> None:
 
 
 def test_vllm_result_layout(fake_server: Callable[..., FakeServer], tmp_path: Path) -> None:
-    from autotune.vllm_results import load_vllm_results
+    from autotune.analysis.vllm_results import load_vllm_results
     server = fake_server()
     out = tmp_path / "vllm.json"
     code, _, stderr = bench(*synthetic(server.url, "--output", str(out), "--format", "vllm"))

@@ -21,7 +21,7 @@ from autotune.cli import app
 from autotune.servers.process import live
 from autotune.sim.calibrate import hardware_yaml
 from autotune.sim.profiles import load_hardware
-from autotune.sim.twin import apply_factors
+from autotune.tuning.twin import apply_factors
 
 runner = CliRunner()
 HIDDEN = {"compute": 0.7, "bandwidth": 1.2, "overheads": 2.0, "front_end": 1.5}

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 from scipy.stats import expon
 
-from autotune.ceiling import (
+from autotune.core.metrics import quantile_upper_bound, summarize
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo, quantile
+from autotune.tuning.ceiling import (
     CeilingError,
     ProbeResult,
     check_limits,
@@ -17,9 +20,6 @@ from autotune.ceiling import (
     stepdown_rate,
     verdict_of,
 )
-from autotune.metrics import quantile_upper_bound, summarize
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo, quantile
 
 SLO10 = parse_slo("10s")
 
@@ -331,7 +331,7 @@ SIM_N = 300
 
 
 def _sim_pool() -> list:
-    from autotune.workload import Request
+    from autotune.workload.sources import Request
 
     rng = np.random.default_rng(0)
     return [Request("x", int(p), int(o))
@@ -348,8 +348,8 @@ def sim_truth() -> dict:
     order statistic, so it moves in steps), so the truth is a band: ``first_fail`` is
     the lowest failing rate of the fine sweep, ``last_pass`` the highest passing one.
     """
-    from autotune.ceiling import BackendProbe
-    from autotune.trial import SimBackend
+    from autotune.backends.sim import SimBackend
+    from autotune.tuning.ceiling import BackendProbe
 
     backend = SimBackend("1xa100-80gb", "llama-3-8b")
     probe = BackendProbe(backend, {"max_num_seqs": 32}, SIM_SLO, _sim_pool(), warmup=30)
@@ -438,7 +438,7 @@ class ExceedanceServer:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, rate: float, n: int, *, prior: tuple = ()) -> ProbeResult:
-        from autotune.verdict import SteadyState, judge
+        from autotune.tuning.verdict import SteadyState, judge
 
         rule = SteadyState(min_duration_s=60.0, looks=8, prior=prior)
         span = rule.max_s(SLO10, rate)
@@ -505,7 +505,7 @@ def _undecided(rate: float, n: int, k: int, dispersion: float) -> object:
 
 def test_an_undecided_share_is_called_the_floor_only_between_half_and_the_allowance(
         ) -> None:
-    from autotune.ceiling import zone_notes
+    from autotune.tuning.ceiling import zone_notes
 
     slo = parse_slo("p99:e2e<=10s")
     at_floor = zone_notes([_undecided(2.0, 4000, 28, 1.2)], slo)  # type: ignore[list-item]

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.server import SimServer, free_port, live_servers
+from autotune.servers.vllm import SimServer, free_port, live_servers
 
 runner = CliRunner()
 SMALL = ["--dataset", "synthetic", "--input-len", "64", "--output-len", "48",
@@ -254,7 +254,7 @@ def test_ceiling_of_a_study_trial_measures_it_as_the_search_did(tmp_path: Path) 
     (vLLM's defaults, the trial with no incumbent to beat) exactly as the search did."""
     import optuna
 
-    from autotune.record import StoredTrial
+    from autotune.tuning.record import StoredTrial
 
     studies = tmp_path / "studies"
     search = runner.invoke(app, [
@@ -285,7 +285,7 @@ def test_ceiling_of_a_later_trial_starts_where_the_search_started_it(
     import optuna
 
     from autotune.cli.ceiling import replay_start
-    from autotune.record import StoredTrial
+    from autotune.tuning.record import StoredTrial
 
     studies = tmp_path / "studies"
     search = runner.invoke(app, [

@@ -7,7 +7,7 @@ import shlex
 
 import pytest
 
-from autotune.deploy import (
+from autotune.analysis.deploy import (
     DeployError,
     ReplicaResult,
     burst_size,

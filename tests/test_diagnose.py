@@ -13,11 +13,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from autotune import diagnose as dg
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo
-from autotune.trial import LoadPlan, SimBackend, evaluate
-from autotune.workload import Request
+from autotune.analysis import diagnose as dg
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
+from autotune.tuning.trial import evaluate
+from autotune.workload.sources import Request
 
 
 def _requests(n: int, seed: int = 0) -> list[Request]:

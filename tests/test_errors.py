@@ -12,14 +12,15 @@ import typer
 
 import autotune
 from autotune.cli._common import one_line_errors
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 # Not for the user: caught inside the library and turned into a record, a retry or a
 # trial's status.
 INTERNAL = {
-    "autotune.transport.TransportError", "autotune.transport.ConnectError",
-    "autotune.transport.RemoteProtocolError", "autotune.transport._StaleConnection",
-    "autotune.seats.Surplus", "autotune.worker.Terminated", "autotune.trial.TrialFailed",
+    "autotune.client.transport.TransportError", "autotune.client.transport.ConnectError",
+    "autotune.client.transport.RemoteProtocolError", "autotune.client.transport._StaleConnection",
+    "autotune.study.seats.Surplus", "autotune.study.worker.Terminated",
+    "autotune.backends.base.TrialFailed",
 }
 PENDING: set[str] = set()
 
@@ -49,8 +50,8 @@ def test_every_user_facing_error_is_an_autotune_error() -> None:
 
 @pytest.mark.parametrize("exc", [
     AutotuneError("bad thing\nmore detail"),
-    importlib.import_module("autotune.slo").SLOError("bad thing"),
-    importlib.import_module("autotune.study").StudyError("bad thing"),
+    importlib.import_module("autotune.core.slo").SLOError("bad thing"),
+    importlib.import_module("autotune.study.study").StudyError("bad thing"),
 ])
 def test_one_line_errors_prints_the_first_line_and_exits_2(exc: Exception,
                                                            capsys: pytest.CaptureFixture[str]

@@ -10,7 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from autotune.experiments import (
+from autotune.core.metrics import summarize
+from autotune.core.slo import parse_slo
+from autotune.report.sample import synthetic_records
+from autotune.study.experiments import (
     COLUMNS,
     ExperimentsError,
     append_experiment,
@@ -19,9 +22,6 @@ from autotune.experiments import (
     read_experiments,
     row_from_summary,
 )
-from autotune.metrics import summarize
-from autotune.report.sample import synthetic_records
-from autotune.slo import parse_slo
 
 
 def test_row_is_in_fixed_column_order_with_config_as_json():
@@ -76,7 +76,7 @@ def test_row_from_summary_carries_the_load_test_figures():
 
 WRITER = """
 import sys
-from autotune.experiments import append_experiment
+from autotune.study.experiments import append_experiment
 path, who, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
 pad = "x" * 3000  # long rows: a torn write would show
 for i in range(n):
@@ -115,7 +115,7 @@ def test_two_concurrent_writers_tear_no_row(tmp_path: Path):
 
 
 def test_missing_tracker_package_says_how_to_install(monkeypatch):
-    from autotune import trackers
+    from autotune.report import trackers
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # import raises ImportError
     with pytest.raises(trackers.TrackerUnavailable) as e:
@@ -128,7 +128,7 @@ def test_missing_tracker_package_says_how_to_install(monkeypatch):
 
 
 def test_trackers_log_each_load_test_through_the_package_api(monkeypatch):
-    from autotune import trackers
+    from autotune.report import trackers
 
     calls: list[tuple] = []
 

@@ -14,14 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune.loadgen import LoadTestConfig, run_load_test_sync
-from autotune.metrics import Summary, summarize
-from autotune.server import SimServer
+from autotune.backends.base import LoadPlan
+from autotune.backends.http import ServerBackend
+from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+from autotune.core.metrics import Summary, summarize
+from autotune.core.slo import parse_slo
 from autotune.servers.process import descendants, group_members, pid_alive, port_bindable
-from autotune.slo import parse_slo
+from autotune.servers.vllm import SimServer
 from autotune.testing.fake_server import FakeServerProcess
-from autotune.trial import INFEASIBLE, LoadPlan, ServerBackend, evaluate
-from autotune.workload import Request
+from autotune.tuning.trial import INFEASIBLE, evaluate
+from autotune.workload.sources import Request
 
 TIMEOUT_S = 0.5  # every request's limit: a silent server costs this, not minutes
 

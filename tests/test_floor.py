@@ -1,4 +1,4 @@
-"""autotune.floor: an SLO under the floor is named as such, not as overload."""
+"""autotune.tuning.floor: an SLO under the floor is named as such, not as overload."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from autotune.cli import app
-from autotune.floor import LightTest, advice, floors
-from autotune.slo import parse_slo
+from autotune.core.slo import parse_slo
+from autotune.tuning.floor import LightTest, advice, floors
 
 
 def _evidence(p99: float, share: float, backlog_lower: float = 0.0) -> dict[str, object]:

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.server import free_port
 from autotune.servers.process import descendants, pid_alive, port_bindable, port_listening
+from autotune.servers.vllm import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,11 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from autotune.knee import KneeError, find_knee
-from autotune.slo import parse_slo
-from autotune.sweep import SweepSpec, run_sweep
-from autotune.trial import LoadPlan, SimBackend
-from autotune.workload import Request
+from autotune.analysis.knee import KneeError, find_knee
+from autotune.analysis.sweep import SweepSpec, run_sweep
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.slo import parse_slo
+from autotune.workload.sources import Request
 
 SEED_RATES = [10, 20, 30]
 SEED_TOKENS = [7200, 8900, 9100]

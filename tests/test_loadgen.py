@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from autotune.arrivals import arrival_offsets
-from autotune.loadgen import (
+from autotune.client.loadgen import (
     LoadGenError,
     LoadTestConfig,
     check_server,
@@ -25,9 +24,10 @@ from autotune.loadgen import (
     run_load_test,
     run_load_test_sync,
 )
-from autotune.metrics import summarize
-from autotune.records import RequestRecord
-from autotune.workload import Request
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request
 
 
 def _requests(n: int, out: int = 8, prompt: str = "one two three") -> list[Request]:

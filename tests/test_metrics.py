@@ -3,9 +3,9 @@ import math
 import numpy as np
 import pytest
 
-from autotune.metrics import quantile_bounds, quantile_upper_bound, summarize
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo
+from autotune.core.metrics import quantile_bounds, quantile_upper_bound, summarize
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
 
 
 def record(i: int, sent: float, ttft: float, tokens: int, tpot: float, *,

@@ -1,4 +1,4 @@
-"""Each private Optuna API that autotune.optuna_adapter wraps, exercised against the
+"""Each private Optuna API that autotune.study.optuna_adapter wraps, exercised against the
 installed Optuna.  When an Optuna release moves one, this file fails, not a cluster
 run; pyproject.toml pins Optuna to the major versions it passes."""
 
@@ -16,8 +16,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from sqlalchemy.exc import OperationalError
 
-from autotune import optuna_adapter as oa
-from autotune.storage import RetryingHeartbeatStorage, RetryingStorage
+from autotune.study import optuna_adapter as oa
+from autotune.study.storage import RetryingHeartbeatStorage, RetryingStorage
 
 ROOT = Path(__file__).resolve().parent.parent
 

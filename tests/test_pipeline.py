@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from autotune.analysis.recommend import deploy_command
 from autotune.cli import app
-from autotune.flags import command_line, config_to_argv, flag_value, serve_argv
-from autotune.pipeline import SearchOptions, run_search
-from autotune.recommend import deploy_command
-from autotune.server import VllmServer
+from autotune.core.flags import command_line, config_to_argv, flag_value, serve_argv
+from autotune.search.pipeline import SearchOptions, run_search
+from autotune.servers.vllm import VllmServer
 
 
 def test_options_are_typed_frozen_and_keyword_only() -> None:
@@ -29,7 +29,7 @@ def test_options_are_typed_frozen_and_keyword_only() -> None:
 
 def test_the_cli_only_parses_and_calls_the_library_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune.pipeline
+    import autotune.search.pipeline
 
     calls: list[SearchOptions] = []
 
@@ -37,7 +37,7 @@ def test_the_cli_only_parses_and_calls_the_library_once(
         calls.append(options)
         return 0
 
-    monkeypatch.setattr(autotune.pipeline, "run_search", fake)
+    monkeypatch.setattr(autotune.search.pipeline, "run_search", fake)
     res = CliRunner().invoke(app, ["search", "--slo-p99", "7s", "--n-trials", "3",
                                    "--vllm-env", "K=V", "--min-duration", "90s",
                                    "--studies-dir", str(tmp_path)])
@@ -70,7 +70,7 @@ def test_run_search_as_a_library_writes_the_recommendation(
 
 
 def test_bad_options_raise_one_error_before_anything_is_written(tmp_path: Path) -> None:
-    from autotune.errors import AutotuneError
+    from autotune.core.errors import AutotuneError
 
     with pytest.raises(AutotuneError, match="--max-probes"):
         run_search(SearchOptions(slo_p99="10s", max_probes=0,
@@ -112,7 +112,7 @@ def test_printed_command_is_the_launched_argv(tmp_path: Path) -> None:
 
 
 def test_time_estimate_names_the_range_and_the_budget() -> None:
-    from autotune.pipeline import time_estimate
+    from autotune.search.pipeline import time_estimate
 
     text = time_estimate(n_trials=8, min_s=120, max_s=360, max_probes=4, validate_s=300,
                          budget_s=1500, virtual=False)
@@ -127,7 +127,7 @@ def test_time_estimate_names_the_range_and_the_budget() -> None:
 def test_a_screened_study_estimates_its_screening_and_its_proof() -> None:
     """The real study's line described full tests of 120-360 s for trials that ran
     40 s screening tests, and left the proof out."""
-    from autotune.pipeline import ProofSize, time_estimate
+    from autotune.search.pipeline import ProofSize, time_estimate
 
     text = time_estimate(n_trials=8, min_s=40, max_s=40, max_probes=4, validate_s=300,
                          budget_s=1500, virtual=False,
@@ -146,8 +146,8 @@ def test_a_running_real_load_test_prints_a_plain_progress_line_every_30_s() -> N
 
     from rich.console import Console
 
-    from autotune.pipeline import LiveView
-    from autotune.slo import parse_slo
+    from autotune.core.slo import parse_slo
+    from autotune.search.pipeline import LiveView
 
     def ev(at_s: float) -> Any:
         lim = SimpleNamespace(label="p99:e2e", observed_s=4.2)

@@ -44,7 +44,7 @@ PARENT = textwrap.dedent("""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
     sys.path.insert(0, {repo!r})
     from autotune.servers.process import install_signal_handlers
-    from autotune.server import SimServer
+    from autotune.servers.vllm import SimServer
     mode = sys.argv[1]
     install_signal_handlers()  # what every CLI command does first
     extra = ["--crash-after", "1"] if mode == "server-crash" else []

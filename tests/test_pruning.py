@@ -6,8 +6,9 @@ import numpy as np
 import optuna
 import pytest
 
-from autotune.arrivals import arrival_offsets
-from autotune.pruning import (
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo, quantile
+from autotune.tuning.pruning import (
     CERTAIN_VIOLATION,
     UNBOUNDED_BACKLOG,
     OverloadPruner,
@@ -18,8 +19,7 @@ from autotune.pruning import (
     decide,
     window_evidence,
 )
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo, quantile
+from autotune.workload.arrivals import arrival_offsets
 
 SLO10 = parse_slo("10s")
 

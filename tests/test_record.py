@@ -1,4 +1,4 @@
-"""autotune.record: the one reader of stored trials, shared by recommend and report."""
+"""autotune.tuning.record: the one reader of stored trials, shared by recommend and report."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from optuna.distributions import CategoricalDistribution
 from optuna.trial import TrialState
 
-from autotune.recommend import view_of
-from autotune.record import StoredTrial, goodput_of
+from autotune.analysis.recommend import view_of
 from autotune.report.data import trial_row
+from autotune.tuning.record import StoredTrial, goodput_of
 
 
 def _trial(result: dict[str, Any], *, state: TrialState = TrialState.COMPLETE,
@@ -70,7 +70,7 @@ def test_a_repeated_config_shows_its_twins_probes() -> None:
 
 
 def test_when_the_defaults_are_best_the_recommendation_says_so() -> None:
-    from autotune.recommend import recommend
+    from autotune.analysis.recommend import recommend
 
     worse = {**STEADY, "flags": {"max_num_seqs": 128, "tensor_parallel_size": 2},
              "evidence": {"goodput_tokens": 500.0, "goodput_requests": 2.5}}
@@ -85,7 +85,7 @@ def test_when_the_defaults_are_best_the_recommendation_says_so() -> None:
 
 
 def test_versus_the_defaults_on_equal_gpus_and_per_gpu() -> None:
-    from autotune.recommend import equal_gpus
+    from autotune.analysis.recommend import equal_gpus
 
     # TP=4 at 10,000 tok/s against the 1-GPU defaults at 720 tok/s: 13.9x raw, but the
     # defaults as 4 replicas give 2,880 tok/s on the same GPUs.

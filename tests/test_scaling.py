@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.scaling import ScalePoint, ScalingError, analyze_scaling
+from autotune.analysis.scaling import ScalePoint, ScalingError, analyze_scaling
 
 
 def test_tp4_under_3_2x_is_flagged_with_the_seed_advice() -> None:

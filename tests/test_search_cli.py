@@ -309,7 +309,7 @@ def test_missing_tracker_package_stops_before_any_trial(tmp_path: Path) -> None:
 def test_wandb_logs_every_trial(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    import autotune.trackers as trackers
+    import autotune.report.trackers as trackers
 
     logged: list[dict[str, object]] = []
     finished: list[bool] = []
@@ -362,7 +362,7 @@ def test_bad_server_options_one_line(tmp_path: Path, args: list[str], needle: st
 
 def test_server_options_reach_vllm_server(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune.server
+    import autotune.servers.vllm
     from autotune.cli._common import UsageError
 
     seen: dict[str, object] = {}
@@ -372,7 +372,7 @@ def test_server_options_reach_vllm_server(tmp_path: Path,
             seen.update(kw, model=model)
             raise UsageError("recorded")
 
-    monkeypatch.setattr(autotune.server, "VllmServer", Recorder)
+    monkeypatch.setattr(autotune.servers.vllm, "VllmServer", Recorder)
     code, _, err = search(tmp_path, *SMALL, "--model", "/models/tiny", "--vllm-cmd",
                           "python -m vllm.entrypoints.openai.api_server --enforce-eager",
                           "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "--vllm-env",

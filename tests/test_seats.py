@@ -10,8 +10,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.seats import SURPLUS, run_seated_trial
-from autotune.storage import open_storage
+from autotune.study.seats import SURPLUS, run_seated_trial
+from autotune.study.storage import open_storage
 
 optuna.logging.set_verbosity(optuna.logging.CRITICAL)
 

@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from autotune.sequential import (
+from autotune.testing.queues import mm1_sojourns, slow_swings
+from autotune.tuning.sequential import (
     FAIL,
     OPEN,
     PASS,
@@ -19,7 +20,6 @@ from autotune.sequential import (
     operating_point,
     requests_for_power,
 )
-from autotune.testing.queues import mm1_sojourns, slow_swings
 
 P99 = ExceedanceTest.for_percentile(99)
 

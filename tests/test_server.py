@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.server import (
+from autotune.servers.vllm import (
     REASONS,
     AttachedServer,
     ServerConfigError,
@@ -291,9 +291,9 @@ def test_stop_hooks_run_before_the_signal(tmp_path):
 
 
 def test_health_ok_but_completions_fail(tmp_path):
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.metrics import summarize
-    from autotune.workload import Request
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.core.metrics import summarize
+    from autotune.workload.sources import Request
 
     with fake(tmp_path, "--fault", "500") as server:
         info = server.start({})
@@ -306,9 +306,9 @@ def test_health_ok_but_completions_fail(tmp_path):
 
 
 def test_server_crash_mid_load_test_counts_failures(tmp_path):
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.metrics import summarize
-    from autotune.workload import Request
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.core.metrics import summarize
+    from autotune.workload.sources import Request
 
     with fake(tmp_path, "--token-delay-ms", "20") as server:
         server.start({})

@@ -30,7 +30,7 @@ from autotune.sim.calibrate import (
     profile_yaml,
 )
 from autotune.sim.profiles import HardwareProfile
-from autotune.workload import Request
+from autotune.workload.sources import Request
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "sim_fidelity.py"
@@ -335,7 +335,7 @@ def test_benchmark_smoke_on_real_vllm(tmp_path: Path) -> None:
     """The whole benchmark at smoke sizes (~1 min: one server start, a few seconds of
     calibration, two small load tests).  Figures are not checked (the machine is shared),
     only that they exist, the front end's included."""
-    from autotune.server import pid_alive
+    from autotune.servers.vllm import pid_alive
 
     py = os.environ.get("AUTOTUNE_VLLM_PYTHON") or str(ROOT / ".venv-vllm" / "bin" / "python")
     model = os.environ.get("AUTOTUNE_TINY_MODEL") or str(ROOT / ".cache" / "tiny-llama")

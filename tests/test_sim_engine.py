@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from autotune.arrivals import arrival_offsets
-from autotune.metrics import summarize
-from autotune.records import RequestRecord
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
 from autotune.sim import ConfigRefused, EngineConfig, SimResult, load_hardware, simulate
-from autotune.workload import Request
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request
 
 
 def sharegpt_like(n: int, seed: int = 0) -> list[Request]:

@@ -258,7 +258,7 @@ def test_headline_takes_the_largest_error_per_target() -> None:
 
 
 def test_silent_share_counts_requests_whose_tokens_did_not_all_send_text() -> None:
-    from autotune.records import RequestRecord
+    from autotune.core.records import RequestRecord
 
     def rec(chunks: int, tokens: int, error: str | None = None) -> RequestRecord:
         return RequestRecord(index=0, scheduled_s=0.0, sent_s=0.0, end_s=1.0,

@@ -8,9 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from autotune.arrivals import arrival_offsets
-from autotune.metrics import summarize
-from autotune.records import RequestRecord
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
 from autotune.sim import (
     ConfigRefused,
     EngineConfig,
@@ -22,7 +21,8 @@ from autotune.sim import (
     simulate,
 )
 from autotune.sim.frontend import FrontEnd, FrontEndCosts, lindley
-from autotune.workload import Request
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request
 
 A100 = load_hardware("a100-80gb")
 

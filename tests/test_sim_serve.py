@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.arrivals import arrival_offsets
-from autotune.metrics import summarize
+from autotune.core.metrics import summarize
 from autotune.sim import EngineConfig, simulate
 from autotune.sim.serve import parse, prompt_token_count
-from autotune.workload import Request
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -206,7 +206,7 @@ def test_real_time_agrees_with_virtual_time() -> None:
     """Same config, workload and arrival schedule: HTTP vs simulate (both simulated)."""
     import statistics
 
-    from autotune import loadgen
+    from autotune.client import loadgen
 
     n, rate, seed = 120, 20.0, 7
     reqs = [Request(" ".join(["w"] * (20 + (i * 37) % 60)), 20 + (i * 37) % 60,

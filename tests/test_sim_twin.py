@@ -1,4 +1,4 @@
-"""The twin (autotune.sim.twin): a profile fitted to observed load tests.
+"""The twin (autotune.tuning.twin): a profile fitted to observed load tests.
 
 The "real" server in these tests is the simulator with hidden factors on the cpu-tiny
 profile; the twin starts from the shipped profile and must find them from the load
@@ -15,13 +15,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.arrivals import arrival_offsets
-from autotune.ceiling import BackendProbe, find_ceiling, search_steady
-from autotune.errors import AutotuneError
-from autotune.record import StoredTrial
-from autotune.records import RequestRecord
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.errors import AutotuneError
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
 from autotune.sim import EngineConfig, HardwareProfile, load_hardware, load_model, simulate
-from autotune.sim.twin import (
+from autotune.tuning.ceiling import BackendProbe, find_ceiling, search_steady
+from autotune.tuning.record import StoredTrial
+from autotune.tuning.trial import write_records
+from autotune.tuning.twin import (
     ObservedTest,
     TwinError,
     TwinFit,
@@ -35,10 +38,9 @@ from autotune.sim.twin import (
     twin_yaml,
     write_twin,
 )
-from autotune.slo import parse_slo
-from autotune.trial import LoadPlan, SimBackend, write_records
-from autotune.verdict import SteadyState
-from autotune.workload import Request, sample_lengths
+from autotune.tuning.verdict import SteadyState
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request, sample_lengths
 
 # The shipped cpu-tiny profile is re-fitted on whatever host runs the fidelity benchmark,
 # and on a fast host some factors (the front end, compute) hardly show at these loads.

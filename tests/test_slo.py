@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from autotune.slo import (
+from autotune.core.slo import (
     MAX_MARGIN,
     SLOError,
     check_samples,

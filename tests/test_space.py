@@ -5,7 +5,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.space import RULES, SearchSpace, SpaceError, serve_command, vllm_args
+from autotune.study.space import RULES, SearchSpace, SpaceError, serve_command, vllm_args
 
 SHIPPED = ("default", "llama3-8b-4xa100")
 

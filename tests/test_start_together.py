@@ -21,9 +21,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.storage import open_storage, schema_race, schema_race_retry
-from autotune.study import StudyError, process_running
-from autotune.worker import join_study
+from autotune.study.storage import open_storage, schema_race, schema_race_retry
+from autotune.study.study import StudyError, process_running
+from autotune.study.worker import join_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pg import NoPostgres, Postgres, postgres  # noqa: E402
@@ -36,7 +36,7 @@ JOINER = textwrap.dedent("""
     sys.path.insert(0, {root!r})
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)
     import optuna
-    from autotune.storage import open_storage
+    from autotune.study.storage import open_storage
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url, name = sys.argv[1], sys.argv[2]
     print("ready", flush=True)
@@ -147,8 +147,8 @@ def test_a_worker_waits_for_the_study_then_says_it_was_not_created(tmp_path: Pat
 def test_a_worker_joins_a_study_created_while_it_waits(tmp_path: Path) -> None:
     import threading
 
-    from autotune.space import SearchSpace
-    from autotune.worker import SPEC_ATTR, StudySpec, space_to_dict
+    from autotune.study.space import SearchSpace
+    from autotune.study.worker import SPEC_ATTR, StudySpec, space_to_dict
 
     url = f"sqlite:///{tmp_path / 'w.db'}"
     storage = open_storage(url)

@@ -16,11 +16,12 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.recommend import recommend, view_of
-from autotune.record import StoredTrial
-from autotune.slo import parse_slo
-from autotune.space import SearchSpace
-from autotune.study import (
+from autotune.analysis.recommend import recommend, view_of
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.slo import parse_slo
+from autotune.study.space import SearchSpace
+from autotune.study.study import (
     RUNS_KEY,
     StudyError,
     StudySettings,
@@ -29,8 +30,8 @@ from autotune.study import (
     run_study,
     storage_url,
 )
-from autotune.trial import LoadPlan, SimBackend
-from autotune.workload import Request
+from autotune.tuning.record import StoredTrial
+from autotune.workload.sources import Request
 
 ROOT = Path(__file__).resolve().parent.parent
 SLO = parse_slo("10s")
@@ -325,7 +326,7 @@ def test_killed_study_resumes_without_losing_finished_trials(tmp_path: Path) -> 
 
 
 def test_prescreen_enqueues_top_configs_at_their_predicted_ceiling(tmp_path: Path) -> None:
-    from autotune.study import prescreen_enqueue, rows_from_study
+    from autotune.study.study import prescreen_enqueue, rows_from_study
 
     s = _settings(tmp_path, n_trials=10, name="pre")
     sim = SimBackend("4xa100-80gb", "llama-3-8b")
@@ -356,7 +357,7 @@ def test_prescreen_enqueues_top_configs_at_their_predicted_ceiling(tmp_path: Pat
 
 def test_refine_ceilings_writes_what_the_report_reads(tmp_path: Path) -> None:
     from autotune.report.data import read_ceilings
-    from autotune.study import refine_ceilings, rows_from_study, top_configs
+    from autotune.study.study import refine_ceilings, rows_from_study, top_configs
 
     s = _settings(tmp_path, n_trials=8, name="ref")
     backend = Recording()
@@ -392,7 +393,7 @@ def test_refine_ceilings_writes_what_the_report_reads(tmp_path: Path) -> None:
 
 
 def _view(number: int, value: float, rate: float, seqs: int) -> Any:
-    from autotune.recommend import TrialView
+    from autotune.analysis.recommend import TrialView
 
     return TrialView(number=number, flags={"max_num_seqs": seqs}, rate=rate,
                      status="complete", feasible=True, value=value, goodput_tokens=value,
@@ -411,7 +412,7 @@ def _ceiling(trial: int, top: float, goodput: float) -> dict[str, Any]:
 
 
 def test_apply_ceilings_ranks_on_refined_ceilings() -> None:
-    from autotune.recommend import apply_ceilings
+    from autotune.analysis.recommend import apply_ceilings
 
     # Trial 1 looked best at the rate it tried; trial 2's config has the higher ceiling.
     views = [_view(1, 1000.0, 10.0, 64), _view(2, 900.0, 9.0, 128), _view(3, 500.0, 5.0, 32)]
@@ -429,7 +430,7 @@ def test_apply_ceilings_ranks_on_refined_ceilings() -> None:
 
 
 def test_apply_ceilings_without_a_feasible_ceiling_keeps_the_trials() -> None:
-    from autotune.recommend import apply_ceilings
+    from autotune.analysis.recommend import apply_ceilings
 
     views = [_view(1, 1000.0, 10.0, 64)]
     rec = recommend(views, slo=str(SLO))
@@ -443,7 +444,7 @@ def test_a_config_running_in_another_live_process_is_awaited_not_started_again()
     import socket
     import threading
 
-    from autotune.study import _await_running_twin
+    from autotune.study.study import _await_running_twin
 
     study = optuna.create_study(direction="maximize")
     dist = {"max_num_seqs": optuna.distributions.IntDistribution(1, 8)}
@@ -496,7 +497,7 @@ def test_a_lower_trial_still_suggesting_is_awaited_until_its_config_is_known() -
     import socket
     import threading
 
-    from autotune.study import CONFIGURED_ATTR, _await_running_twin
+    from autotune.study.study import CONFIGURED_ATTR, _await_running_twin
 
     study = optuna.create_study(direction="maximize")
     other = subprocess.Popen(["sleep", "60"])  # the live process that runs the trial

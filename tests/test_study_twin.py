@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.sim.calibrate import hardware_yaml
 from autotune.sim.profiles import load_hardware
-from autotune.sim.twin import apply_factors
+from autotune.tuning.twin import apply_factors
 
 runner = CliRunner()
 HIDDEN = {"compute": 0.7, "bandwidth": 1.2, "overheads": 2.0}
@@ -99,7 +99,7 @@ def test_for_study_scores_one_pass_over_the_pool_and_hooks_into_run_study(
     from types import SimpleNamespace
 
     from autotune.sim.profiles import load_model
-    from autotune.study_twin import StudyTwin
+    from autotune.study.study_twin import StudyTwin
 
     twin = StudyTwin.for_study(prior=load_hardware("a100-80gb"),
                                model=load_model("llama-3-8b"),
@@ -113,7 +113,7 @@ def test_for_study_scores_one_pass_over_the_pool_and_hooks_into_run_study(
 
 
 def test_the_twins_picks_are_seeded_by_the_search_seed_and_the_trial() -> None:
-    from autotune.study_twin import pick_seed
+    from autotune.study.study_twin import pick_seed
 
     seeds = {(s, n): pick_seed(s, n) for s in range(3) for n in range(5)}
     assert len(set(seeds.values())) == len(seeds)  # no two (seed, trial) share picks

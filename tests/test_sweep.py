@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from autotune.cli import app
-from autotune.slo import parse_slo
-from autotune.sweep import (
+from autotune.analysis.sweep import (
     SweepError,
     SweepSpec,
     _counter_deltas,
@@ -26,9 +24,13 @@ from autotune.sweep import (
     parse_values,
     run_sweep,
 )
+from autotune.backends.base import Backend, LoadPlan, LoadRun
+from autotune.backends.sim import SimBackend
+from autotune.cli import app
+from autotune.core.slo import parse_slo
 from autotune.testing.fake_server import FakeServer
-from autotune.trial import Backend, LoadPlan, LoadRun, SimBackend, evaluate
-from autotune.workload import Request
+from autotune.tuning.trial import evaluate
+from autotune.workload.sources import Request
 
 runner = CliRunner()
 
@@ -306,7 +308,7 @@ def test_a_failing_point_runs_its_full_window_so_its_figures_are_the_servers() -
     """A search stops a test once its fail is certain; a sweep point runs on to the
     minimum duration.  Before, an overloaded point stopped after a few seconds and its
     req/s column read 0.30 at an offered 30 req/s (3 requests completed)."""
-    from autotune.verdict import SteadyState
+    from autotune.tuning.verdict import SteadyState
 
     reqs = _requests(5000)
     plan = LoadPlan(slo=parse_slo("10s"), requests=reqs[100:], warmup_requests=reqs[:100],

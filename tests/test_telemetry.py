@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from autotune import telemetry
-from autotune.telemetry import (
+from autotune.servers import telemetry
+from autotune.servers.telemetry import (
     MetricsPoint,
     MetricsScraper,
     NvmlSampler,
@@ -84,9 +84,9 @@ def test_summarize_metrics_gauges_and_counter_increase():
 
 
 def test_scraper_against_fake_server_sees_running_requests():
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
     from autotune.testing.fake_server import FakeServer, FakeServerConfig
-    from autotune.workload import Request
+    from autotune.workload.sources import Request
 
     with FakeServer(FakeServerConfig(token_delay_s=0.01, max_concurrency=2)) as fs:
         with MetricsScraper(fs.url, interval_s=0.05) as sc:
@@ -104,10 +104,10 @@ def test_scraper_against_fake_server_sees_running_requests():
 
 
 def test_scraper_counts_failures_and_wait_idle_raises(caplog):
-    from autotune.server import free_port
+    from autotune.servers.vllm import free_port
 
     url = f"http://127.0.0.1:{free_port()}"
-    with caplog.at_level(logging.WARNING, "autotune.telemetry"):
+    with caplog.at_level(logging.WARNING, "autotune.servers.telemetry"):
         with MetricsScraper(url, interval_s=0.05) as sc:
             deadline = time.monotonic() + 10
             while sc.failures < 3 and time.monotonic() < deadline:
@@ -120,9 +120,9 @@ def test_scraper_counts_failures_and_wait_idle_raises(caplog):
 
 
 def test_wait_idle_waits_for_the_backlog_to_drain():
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
     from autotune.testing.fake_server import FakeServer, FakeServerConfig
-    from autotune.workload import Request
+    from autotune.workload.sources import Request
 
     with FakeServer(FakeServerConfig(token_delay_s=0.01, max_concurrency=1)) as fs:
         cfg = LoadTestConfig(url=fs.url, warmup=0, rate=math.inf, request_timeout_s=30)
@@ -227,7 +227,7 @@ def test_nvml_sampler_only_selected_gpus(monkeypatch):
 def test_no_nvml_says_so_once_and_returns_empty(monkeypatch, caplog):
     fake_pynvml(monkeypatch, fail_init=True)
     monkeypatch.setattr(telemetry, "_NVML_WARNED", False)
-    with caplog.at_level(logging.WARNING, "autotune.telemetry"):
+    with caplog.at_level(logging.WARNING, "autotune.servers.telemetry"):
         for _ in range(3):
             with NvmlSampler(interval_s=0.01) as s:
                 pass
@@ -244,7 +244,7 @@ def test_no_nvml_says_so_once_and_returns_empty(monkeypatch, caplog):
 
 def test_server_waits_for_gpu_memory_release(monkeypatch):
     """stop() polls NVML until none of its pids holds GPU memory."""
-    from autotune.server import VllmServer
+    from autotune.servers.vllm import VllmServer
 
     calls = {"n": 0}
 

@@ -14,7 +14,7 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from autotune.tokenizer import (
+from autotune.workload.tokenizer import (
     HFTokenizer,
     ServerTokenizer,
     TekkenTokenizer,

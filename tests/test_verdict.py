@@ -7,10 +7,12 @@ import math
 import numpy as np
 import pytest
 
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo
-from autotune.trial import LoadPlan, SimBackend, evaluate
-from autotune.verdict import (
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
+from autotune.tuning.trial import evaluate
+from autotune.tuning.verdict import (
     FAIL,
     INCONCLUSIVE,
     PASS,
@@ -19,7 +21,7 @@ from autotune.verdict import (
     default_min_duration,
     judge,
 )
-from autotune.workload import Request
+from autotune.workload.sources import Request
 
 SLO = parse_slo("10s")
 RULE = SteadyState(min_duration_s=60.0)
@@ -187,7 +189,7 @@ def _plan(steady: SteadyState | None, n: int = 1000) -> LoadPlan:
 @pytest.fixture(scope="module")
 def capacity() -> float:
     """The simulated config's service rate: completions per second when overloaded."""
-    from autotune.ceiling import completion_rate
+    from autotune.tuning.ceiling import completion_rate
 
     res = evaluate(SimBackend("1xa100-80gb", "llama-3-8b"), FLAGS, 40.0, _plan(None, 4000))
     rate = completion_rate(res.records)
@@ -236,7 +238,7 @@ def test_a_screening_test_ranks_on_point_estimates_over_a_short_span() -> None:
     """0.8% of requests over the limit: a P99 that holds, but too close to the
     allowance for the sequential test to show it in 90 s; a screening test passes it
     on its point estimate after 20 s, and a 2% share still fails it."""
-    from autotune.verdict import screening
+    from autotune.tuning.verdict import screening
 
     def late(every: int, seconds: float) -> list[RequestRecord]:
         recs = _records(20.0, seconds, lambda t: 2.0)
@@ -262,7 +264,7 @@ def test_a_tpot_screening_test_runs_until_its_long_replies_are_judged() -> None:
     longest stays after arrival and the queue fills for as long, so a 22 s screening test
     of a config far under its ceiling judged too few requests and saw its backlog
     still filling.  Its cap moves out by the stays it sees, and it passes."""
-    from autotune.verdict import screening
+    from autotune.tuning.verdict import screening
 
     rate = 8.0
     slo = parse_slo("p99:ttft<=2s,p99:tpot<=100ms")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.sequential import ExceedanceTest, operating_point
+from autotune.tuning.sequential import ExceedanceTest, operating_point
 from benchmarks.verdict_oc import best_any_test, requests_for
 
 

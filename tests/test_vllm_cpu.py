@@ -17,7 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from autotune.server import ServerStartError, VllmServer, descendants, pid_alive, port_listening
+from autotune.servers.vllm import (
+    ServerStartError,
+    VllmServer,
+    descendants,
+    pid_alive,
+    port_listening,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -80,7 +86,7 @@ def _bench_cli(url: str, out: Path) -> dict:
 def _queue_time_s(url: str) -> float:
     """Seconds that every request so far waited for a batch slot, summed (vLLM's
     vllm:request_queue_time_seconds histogram, since the server started)."""
-    from autotune.telemetry import scrape
+    from autotune.servers.telemetry import scrape
 
     return scrape(url)["vllm:request_queue_time_seconds_sum"]
 
@@ -110,10 +116,10 @@ def _calibrate_cli(url: str, tmp_path: Path) -> dict:
 
 
 def test_two_configs_really_run_differently_and_stop_leaves_nothing(server, tmp_path):
-    from autotune.loadgen import LoadTestConfig, run_load_test_sync
-    from autotune.metrics import summarize
-    from autotune.telemetry import MetricsScraper
-    from autotune.workload import Request
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.core.metrics import summarize
+    from autotune.servers.telemetry import MetricsScraper
+    from autotune.workload.sources import Request
 
     figures: dict[str, dict] = {}
 

@@ -9,11 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autotune.metrics import summarize
-from autotune.records import RequestRecord
-from autotune.report.sample import synthetic_records
-from autotune.slo import parse_slo
-from autotune.vllm_results import (
+from autotune.analysis.vllm_results import (
     VllmResultError,
     load_vllm_results,
     read_vllm_rows,
@@ -21,6 +17,10 @@ from autotune.vllm_results import (
     save_vllm_result,
     write_vllm_result,
 )
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
+from autotune.report.sample import synthetic_records
 
 # Every key `vllm bench serve --save-result --save-detailed` writes for a generation
 # benchmark with the default percentile metrics (vllm/benchmarks/serve.py).

@@ -16,10 +16,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.seats import seat_of
 from autotune.servers.process import descendants
-from autotune.storage import mask_url, scrub, storage_kind, url_password
-from autotune.worker import (
+from autotune.study.seats import seat_of
+from autotune.study.storage import mask_url, scrub, storage_kind, url_password
+from autotune.study.worker import (
     SPEC_ATTR,
     StudySpec,
     check_compatible,
@@ -115,7 +115,7 @@ def _storage(storage: str) -> object:
         from optuna.storages.journal import JournalFileBackend, JournalStorage
 
         return JournalStorage(JournalFileBackend(storage[len("journal:"):]))
-    from autotune.storage import _normalise
+    from autotune.study.storage import _normalise
 
     # Pre-ping: a pooled connection outlives a database restart (one test restarts it).
     return optuna.storages.RDBStorage(_normalise(storage),
@@ -232,7 +232,7 @@ def test_mask_url_hides_only_the_password() -> None:
 
 
 def _spec(**space_changes: object) -> StudySpec:
-    from autotune.space import SearchSpace
+    from autotune.study.space import SearchSpace
 
     data = space_to_dict(SearchSpace.load("default"))
     data["parameters"].update(space_changes)
@@ -240,7 +240,7 @@ def _spec(**space_changes: object) -> StudySpec:
 
 
 def test_space_round_trips_and_differences_are_named() -> None:
-    from autotune.space import SearchSpace
+    from autotune.study.space import SearchSpace
 
     space = SearchSpace.load("default")
     assert space_to_dict(SearchSpace.from_dict(space_to_dict(space))) == space_to_dict(space)
@@ -406,7 +406,7 @@ def test_a_worker_with_another_space_is_refused(pg: Postgres, tmp_path: Path) ->
     from typer.testing import CliRunner
 
     from autotune.cli import app
-    from autotune.storage import open_storage
+    from autotune.study.storage import open_storage
 
     name = "refuse"
     storage = open_storage(pg.url, heartbeat_interval=1, grace_period=3)
@@ -435,7 +435,7 @@ def test_a_worker_started_beside_its_search_waits_for_the_space(tmp_path: Path) 
     no search space").  It now says once that it waits, and joins when the spec lands."""
     import threading
 
-    from autotune.storage import open_storage
+    from autotune.study.storage import open_storage
 
     storage = open_storage(f"sqlite:///{tmp_path / 'w.db'}")
     name = "beside"
@@ -524,7 +524,7 @@ def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password(
         caplog: pytest.LogCaptureFixture) -> None:
     from sqlalchemy.exc import OperationalError
 
-    from autotune.storage import call_with_retry, transient
+    from autotune.study.storage import call_with_retry, transient
 
     calls: list[int] = []
     slept: list[float] = []
@@ -535,7 +535,7 @@ def test_storage_calls_retry_while_the_database_is_down_but_not_a_bad_password(
             raise OperationalError("SELECT 1", {}, Exception("server closed the connection"))
         return "ok"
 
-    with caplog.at_level("WARNING", logger="autotune.storage"):
+    with caplog.at_level("WARNING", logger="autotune.study.storage"):
         assert call_with_retry(flaky, retry_s=60, sleep=slept.append) == "ok"
     assert len(calls) == 4 and slept == [0.25, 0.5, 1.0]  # exponential backoff
     # One line says it retries, not one per attempt.

@@ -14,9 +14,8 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-import autotune.workload as wl
-from autotune.tokenizer import TekkenTokenizer, Tokenizer, load_tokenizer
-from autotune.workload import (
+import autotune.workload.sources as wl
+from autotune.workload.sources import (
     ReadStats,
     WorkloadError,
     build_workload,
@@ -27,6 +26,7 @@ from autotune.workload import (
     sample_lengths,
     synthetic_workload,
 )
+from autotune.workload.tokenizer import TekkenTokenizer, Tokenizer, load_tokenizer
 
 SHIPPED_BYTES = 125_509_632
 LINES = [

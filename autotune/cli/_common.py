@@ -5,24 +5,20 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 import math
-import os
 from collections.abc import Iterator, Sequence
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from autotune.errors import AutotuneError
-from autotune.files import atomic_write
-from autotune.metrics import LatencyStats, Summary
-from autotune.records import RequestRecord
-from autotune.terminal import err_console
+from autotune.core.errors import AutotuneError
+from autotune.core.metrics import LatencyStats, Summary
+from autotune.core.records import RequestRecord
+from autotune.core.terminal import err_console
 
 # The steady-state options of every command that runs load tests, defined once so that
-# each means the same everywhere (autotune.verdict.SteadyState).
+# each means the same everywhere (autotune.tuning.verdict.SteadyState).
 MinDuration = Annotated[str | None, typer.Option(
     help="Arrivals of each load test last at least this long before it may pass "
          "(default max(60s, 6x the largest latency limit)).")]
@@ -64,9 +60,9 @@ class UsageError(AutotuneError):
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one clear line and return the Exit to raise."""
-    from autotune.storage import mask_url
+    from autotune.study.storage import mask_url
 
-    # A library message may quote a storage URL as given (autotune.study does for
+    # A library message may quote a storage URL as given (autotune.study.study does for
     # SQLite-style URLs of any scheme): its password never reaches the terminal.
     err_console.print(f"[bold red]error:[/] {mask_url(message)}", soft_wrap=True)
     return typer.Exit(code)
@@ -85,23 +81,6 @@ def one_line_errors() -> Iterator[None]:
         yield
     except user_errors() as exc:
         raise fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
-
-
-def check_writable(path: Path | None, what: str) -> None:
-    """Fail before any work if an output file cannot be written later."""
-    if path is None:
-        return
-    parent = path.resolve().parent
-    if not parent.is_dir():
-        raise UsageError(f"cannot write {what} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise UsageError(f"cannot write {what} {path}: folder {parent} is not writable")
-    if path.is_dir():
-        raise UsageError(f"cannot write {what} {path}: it is a folder; give a file name")
-
-
-def write_json(path: Path, data: Any) -> None:
-    atomic_write(path, json.dumps(data, indent=2, allow_nan=False, default=str) + "\n")
 
 
 RECORD_COLUMNS = (

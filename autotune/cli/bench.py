@@ -21,16 +21,14 @@ from autotune.cli._common import (
     Seed,
     UsageError,
     Warmup,
-    atomic_write,
-    check_writable,
     one_line_errors,
     records_csv,
     summary_tables,
-    write_json,
 )
-from autotune.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
-from autotune.options import DEFAULT_CONTEXT
-from autotune.terminal import console, err_console
+from autotune.core.files import atomic_write, check_writable, write_json
+from autotune.core.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
+from autotune.core.terminal import console, err_console
+from autotune.tuning.options import DEFAULT_CONTEXT
 
 
 class Dataset(str, Enum):
@@ -185,8 +183,11 @@ def bench(
 
 
 def _bench(o: BenchOptions) -> None:
-    from autotune import diagnose, loadgen, tokenizer, workload
-    from autotune.slo import combine
+    from autotune.analysis import diagnose
+    from autotune.client import loadgen
+    from autotune.core.slo import combine
+    from autotune.workload import sources as workload
+    from autotune.workload import tokenizer
 
     slo = combine(o.slo_p99, o.slo) if (o.slo_p99 or o.slo) else None
     _positive("--rate", o.rate, allow_inf=True)
@@ -298,7 +299,7 @@ def _bench(o: BenchOptions) -> None:
         "diagnoses": [d.to_dict() for d in findings],
     }
     if o.output is not None and o.output_format is OutputFormat.vllm:
-        from autotune.vllm_results import write_vllm_result
+        from autotune.analysis.vllm_results import write_vllm_result
         write_json(o.output, write_vllm_result(summary, records, run))
         console.print(f"wrote {o.output} (vLLM --save-result layout)")
     elif o.output is not None:
@@ -312,15 +313,15 @@ def _bench(o: BenchOptions) -> None:
 
 
 def _horizon(slo: Any) -> float:
-    from autotune.verdict import horizon
+    from autotune.tuning.verdict import horizon
 
     return horizon(slo)
 
 
 def _steady(o: BenchOptions, slo: Any) -> Any:
     """The steady-state rule when an SLO asks for a verdict; None otherwise."""
-    from autotune.options import duration as _duration
-    from autotune.verdict import SteadyState, VerdictError
+    from autotune.tuning.options import duration as _duration
+    from autotune.tuning.verdict import SteadyState, VerdictError
 
     if slo is None:
         if o.duration or o.min_duration or o.max_duration:
@@ -343,8 +344,8 @@ def _sim_flags(o: BenchOptions) -> tuple[dict[str, Any], tuple[Any, Any]]:
     """The simulated config (the profile's model plus ``--param`` flags) and the
     (hardware, model) profiles it runs on."""
     from autotune.cli.ceiling import parse_params
-    from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
+    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, None)
     try:
@@ -362,9 +363,12 @@ def _run_judged(o: BenchOptions, slo: Any, steady: Any, flags: dict[str, Any],
                 measured: list[Any], source: str) -> tuple[Any, Any, Any, str]:
     """One load test through the trial runner: the simulator, or the server at ``url``
     with the steady-state stop rule; progress lines as the evidence comes in."""
-    from autotune.server import AttachedServer
-    from autotune.slo import SLO
-    from autotune.trial import LoadPlan, ServerBackend, SimBackend, evaluate
+    from autotune.backends.base import LoadPlan
+    from autotune.backends.http import ServerBackend
+    from autotune.backends.sim import SimBackend
+    from autotune.core.slo import SLO
+    from autotune.servers.vllm import AttachedServer
+    from autotune.tuning.trial import evaluate
 
     if profiles is not None:
         hardware, sim_model = profiles
@@ -397,8 +401,8 @@ def _run_judged(o: BenchOptions, slo: Any, steady: Any, flags: dict[str, Any],
 def _run_http(o: BenchOptions, url: str, model: str, warm: list[Any], measured: list[Any],
               source: str) -> tuple[Any, Any]:
     """A fixed-count load test without a verdict, as vLLM's benchmark runs one."""
-    from autotune import loadgen
-    from autotune.metrics import summarize
+    from autotune.client import loadgen
+    from autotune.core.metrics import summarize
 
     config = loadgen.LoadTestConfig(
         url=url, model=model, endpoint=o.endpoint.value, rate=o.rate,

@@ -1,8 +1,8 @@
 """``autotune calibrate``: fit the simulator's profile to a real server.
 
 This module only parses: the options become one
-:class:`autotune.calibration.CalibrateOptions` and
-:func:`autotune.calibration.run_calibration` does the rest.
+:class:`autotune.tuning.calibration.CalibrateOptions` and
+:func:`autotune.tuning.calibration.run_calibration` does the rest.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def calibrate(
         help="Folder for the launched server's logs (calibrate/logs).")] = Path("studies"),
 ) -> None:
     """Run calibration load shapes against a server and fit the simulator to them."""
-    from autotune.calibration import CalibrateOptions, parse_loads, run_calibration
     from autotune.cli.ceiling import parse_params
+    from autotune.tuning.calibration import CalibrateOptions, parse_loads, run_calibration
 
     with one_line_errors():
         code = run_calibration(CalibrateOptions(

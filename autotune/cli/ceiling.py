@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -20,6 +19,7 @@ from typing import Annotated, Any
 
 import typer
 
+from autotune.backends.factory import server_backend
 from autotune.cli._app import app
 from autotune.cli._common import (
     NUM_PROMPTS,
@@ -34,17 +34,15 @@ from autotune.cli._common import (
     UsageError,
     VllmCmd,
     Warmup,
-    atomic_write,
-    check_writable,
     one_line_errors,
-    write_json,
 )
-from autotune.options import DEFAULT_CONTEXT
-from autotune.record import StoredTrial
+from autotune.core.files import atomic_write, check_writable, write_json
+from autotune.core.terminal import console, err_console
 from autotune.servers.process import interrupted_code
-from autotune.space import flag_type_error
-from autotune.terminal import console, err_console
-from autotune.workload import pool_size
+from autotune.study.space import flag_type_error
+from autotune.tuning.options import DEFAULT_CONTEXT
+from autotune.tuning.record import StoredTrial
+from autotune.workload.sources import pool_size
 
 CSV_COLUMNS = (
     "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
@@ -287,7 +285,7 @@ def inherit(o: CeilingOptions, settings: dict[str, Any], *, explicit: set[str]
 def _open_study(o: CeilingOptions) -> Any:
     import optuna
 
-    from autotune.study import storage_url
+    from autotune.study.study import storage_url
 
     if o.trial is None or o.study is None:
         raise UsageError("--study and --trial go together: give both, e.g. --study S "
@@ -296,8 +294,8 @@ def _open_study(o: CeilingOptions) -> Any:
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UsageError(f"no study database {url[len('sqlite:///'):]}: check --study "
                          "or --storage")
-    from autotune.optuna_adapter import quiet_logging
-    from autotune.storage import mask_url, open_storage
+    from autotune.study.optuna_adapter import quiet_logging
+    from autotune.study.storage import mask_url, open_storage
 
     quiet_logging()
     try:
@@ -310,7 +308,7 @@ def _open_study(o: CeilingOptions) -> Any:
 
 def _study_settings(st: Any) -> dict[str, Any]:
     """What the study's search fixed (empty for a study made before it was stored)."""
-    from autotune.pipeline import SETTINGS_ATTR
+    from autotune.search.pipeline import SETTINGS_ATTR
 
     return dict(st.user_attrs.get(SETTINGS_ATTR) or {})
 
@@ -355,8 +353,8 @@ def config_flags(o: CeilingOptions, study: Any = None) -> dict[str, Any]:
 
 
 def _sim_profile(o: CeilingOptions) -> tuple[str, str, int]:
-    from autotune.options import parse_profile
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
+    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
@@ -390,31 +388,17 @@ def _check_numbers(o: CeilingOptions) -> None:
 
 
 def _workload(o: CeilingOptions, total: int, server_url: str | None) -> Any:
+    from autotune.workload.sources import pool_workload
+
     return pool_workload(dataset=o.dataset.value, tokenizer_path=o.tokenizer,
                          url=server_url, model=o.model, total=total, seed=o.seed,
                          context=o.max_model_len or o.sample_max_len or DEFAULT_CONTEXT,
                          input_len=o.input_len, output_len=o.output_len)
 
 
-def pool_workload(*, dataset: str, tokenizer_path: str | None, url: str | None,
-                  model: str | None, total: int, seed: int, context: int, input_len: int,
-                  output_len: int) -> Any:
-    """The request pool of a one-config command: ``total`` ShareGPT pairs that fit
-    ``context``, or synthetic requests around ``input_len``/``output_len`` tokens."""
-    from autotune import tokenizer, workload
-
-    tok = tokenizer.load_tokenizer(tokenizer_path, server_url=url, model=model)
-    if dataset == "sharegpt":
-        return workload.load_sharegpt(tokenizer=tok, num_prompts=total,
-                                      max_model_len=context, seed=seed)
-    return workload.synthetic_workload(tok, num_prompts=total, input_len=input_len,
-                                       output_len=output_len, distribution="lognormal",
-                                       input_spread=0.5, output_spread=0.5, seed=seed)
-
-
 def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
     """The trial backend and a one-line description of where probes run."""
-    from autotune.trial import SimBackend
+    from autotune.backends.sim import SimBackend
 
     if kind == "sim":
         hw, mdl, count = _sim_profile(o)
@@ -423,43 +407,11 @@ def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, 
                           log_dir=o.studies_dir / "ceiling" / "logs")
 
 
-def server_backend(kind: str, flags: dict[str, Any], *, url: str | None, model: str | None,
-                   vllm_cmd: str, log_dir: Path, env: dict[str, str] | None = None
-                   ) -> tuple[Any, str]:
-    """A real server's trial backend (``kind`` vllm or attach) for one config, and a
-    line that says where its load tests run; bad input is one UsageError."""
-    from autotune.trial import ServerBackend
-
-    if kind == "attach":
-        from autotune.loadgen import check_server
-        from autotune.server import AttachedServer
-
-        if flags:
-            raise UsageError(
-                f"the server at {url} is attached: autotune cannot restart it with "
-                f"{', '.join(sorted(flags))}; drop the config flags, or use --backend vllm")
-        if not url:
-            raise UsageError("--backend attach needs --url of the running server")
-        check_server(url)  # an unreachable server is one clear line, before any work
-        return (ServerBackend(AttachedServer(url), name="attach", model=model),
-                f"attached server {url}")
-    from autotune.server import VllmServer
-
-    cmd = shlex.split(vllm_cmd)
-    if not cmd:
-        raise UsageError("--vllm-cmd is empty: give the command that starts vLLM")
-    if not model:
-        raise UsageError("--backend vllm needs --model (a path or name to serve)")
-    server = VllmServer(model, vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
-                        log_dir=log_dir, env=env)
-    return ServerBackend(server, name="vllm"), f"vLLM ({vllm_cmd} {model})"
-
-
 # ----------------------------------------------------------------------------- output
 
 
 def _s(x: float) -> str:
-    from autotune.ceiling import format_seconds
+    from autotune.tuning.ceiling import format_seconds
 
     return format_seconds(x).replace(" ", "")
 
@@ -549,8 +501,8 @@ def details(result: Any) -> list[str]:
 
 def _validate(o: CeilingOptions, result: Any, backend: Any, probe: Any,
               flags: dict[str, Any], validate_s: float, simulated: bool) -> None:
-    from autotune.ceiling import lent_evidence
-    from autotune.validation import validate_cap
+    from autotune.tuning.ceiling import lent_evidence
+    from autotune.tuning.validation import validate_cap
 
     cap = float(result.recommended_cap)
     console.print(f"validating the cap {cap:.4g} req/s for {validate_s / 60:g} min"
@@ -564,7 +516,7 @@ def _validate(o: CeilingOptions, result: Any, backend: Any, probe: Any,
 
 
 def _proof_span(result: Any) -> str:
-    from autotune.ceiling import format_seconds
+    from autotune.tuning.ceiling import format_seconds
 
     proof = next(p for p in result.probes if p.phase == "proof")
     return format_seconds(proof.evidence.at_s if proof.evidence is not None else math.nan)
@@ -594,14 +546,14 @@ def _cap_phrase(steady: Any, slo: Any) -> str:
 
 
 def _ceiling(o: CeilingOptions, study: Any = None) -> int:
-    from autotune.ceiling import (
+    from autotune.core.slo import combine
+    from autotune.tuning.ceiling import (
         PROOF_CAP_S,
         BackendProbe,
         check_settings,
         find_ceiling,
         search_looks,
     )
-    from autotune.slo import combine
 
     if o.slo_p99 is None and o.slo is None:
         raise UsageError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
@@ -619,7 +571,7 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
                    num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
                    repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
                    min_rate=o.min_rate)
-    from autotune.options import parse_steady, parse_validate
+    from autotune.tuning.options import parse_steady, parse_validate
 
     validate_s = parse_validate(o.validate)
     steady = replace(parse_steady(o.min_duration, o.max_duration, o.num_prompts,

@@ -12,16 +12,16 @@ import typer
 
 from autotune.cli._app import app
 from autotune.cli._common import UsageError, fail, one_line_errors
-from autotune.terminal import console, err_console
+from autotune.core.terminal import console, err_console
 
 
 @contextlib.contextmanager
 def _errors() -> Iterator[None]:
     """One line for the user-facing errors of the report modules too."""
-    from autotune.deploy import DeployError
-    from autotune.experiments import ExperimentsError
-    from autotune.trackers import TrackerUnavailable
-    from autotune.vllm_results import VllmResultError
+    from autotune.analysis.deploy import DeployError
+    from autotune.analysis.vllm_results import VllmResultError
+    from autotune.report.trackers import TrackerUnavailable
+    from autotune.study.experiments import ExperimentsError
 
     with one_line_errors():
         try:
@@ -31,7 +31,7 @@ def _errors() -> Iterator[None]:
 
 
 def _imports(files: list[Path] | None, folder: Path | None) -> list[dict]:
-    from autotune.vllm_results import read_vllm_rows
+    from autotune.analysis.vllm_results import read_vllm_rows
 
     rows: list[dict] = []
     for f in files or []:
@@ -89,14 +89,14 @@ def report(
 def _trackers(wandb: str | None, mlflow: str | None) -> list:
     if not wandb and not mlflow:
         return []
-    from autotune.trackers import make_trackers
+    from autotune.report.trackers import make_trackers
 
     return make_trackers(wandb_project=wandb, mlflow_uri=mlflow)
 
 
 def _log_study(study: str, storage: str | None, trackers: list) -> None:
-    from autotune.experiments import COLUMNS
     from autotune.report import gather
+    from autotune.study.experiments import COLUMNS
 
     data = gather(study, storage)
     for row in data.rows:
@@ -134,7 +134,7 @@ def recommend(
 
     Prints the layout's rate cap, cost, `vllm serve` commands and gateway snippets."""
     with _errors():
-        from autotune.deploy import (
+        from autotune.analysis.deploy import (
             DeployError,
             envoy_snippet,
             nginx_snippet,

@@ -1,7 +1,7 @@
 """``autotune search``: server configs and rate caps under a P99 SLO, for goodput.
 
-This module only parses: the options become one :class:`autotune.pipeline.SearchOptions`
-and :func:`autotune.pipeline.run_search` runs the whole pipeline.
+This module only parses: the options become one :class:`autotune.search.pipeline.SearchOptions`
+and :func:`autotune.search.pipeline.run_search` runs the whole pipeline.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def search(
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     given = dict(locals())
-    from autotune import pipeline
+    from autotune.search import pipeline
 
     with one_line_errors():
         code = pipeline.run_search(pipeline.SearchOptions(**given))

@@ -31,13 +31,12 @@ from autotune.cli._common import (
     UsageError,
     VllmCmd,
     Warmup,
-    atomic_write,
     one_line_errors,
-    write_json,
 )
-from autotune.metrics import MEASURED, SIMULATED
-from autotune.options import DEFAULT_CONTEXT
-from autotune.terminal import console, err_console
+from autotune.core.files import atomic_write, write_json
+from autotune.core.metrics import MEASURED, SIMULATED
+from autotune.core.terminal import console, err_console
+from autotune.tuning.options import DEFAULT_CONTEXT
 
 BACKENDS = ("sim", "vllm", "attach")
 PLOTTED = (
@@ -154,7 +153,7 @@ def sweep(
 
 
 def _flag(text: str) -> tuple[str, Any]:
-    from autotune.sweep import _coerce
+    from autotune.analysis.sweep import _coerce
 
     name, sep, value = text.partition("=")
     name = name.strip().lstrip("-").replace("-", "_")
@@ -164,7 +163,7 @@ def _flag(text: str) -> tuple[str, Any]:
 
 
 def _spec(o: SweepOptions) -> Any:
-    from autotune.sweep import SweepError, SweepSpec, parse_param, parse_values
+    from autotune.analysis.sweep import SweepError, SweepSpec, parse_param, parse_values
 
     try:
         rates = (parse_values(o.rate, name="--rate") if o.rate and o.rate.strip() != "inf"
@@ -200,7 +199,7 @@ def _positive(o: SweepOptions) -> None:
 
 
 def _sim_profile(o: SweepOptions, spec: Any) -> tuple[str, str, int]:
-    from autotune.options import parse_profile
+    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
@@ -236,7 +235,7 @@ def _out_dir(o: SweepOptions) -> Path:
 
 
 def _sweep(o: SweepOptions) -> None:
-    from autotune.slo import combine
+    from autotune.core.slo import combine
 
     spec = _spec(o)
     _positive(o)
@@ -260,8 +259,8 @@ def _sweep(o: SweepOptions) -> None:
     plan = _plan(o, slo, wl)
     backend = _backend(o, kind, sim, folder)
 
-    from autotune.diagnose import workload_settings
-    from autotune.sweep import run_sweep
+    from autotune.analysis.diagnose import workload_settings
+    from autotune.analysis.sweep import run_sweep
 
     node_gpus = sim[2] if sim else o.gpus
     settings = {"gpus": node_gpus,
@@ -310,7 +309,7 @@ def _context(o: SweepOptions, spec: Any, kind: str) -> int:
     if spec.base_flags.get("max_model_len"):
         return int(spec.base_flags["max_model_len"])
     if kind == "attach":
-        from autotune.loadgen import check_server
+        from autotune.client.loadgen import check_server
 
         reported = check_server(_attach_url(o)).max_model_len
         if reported:
@@ -319,8 +318,8 @@ def _context(o: SweepOptions, spec: Any, kind: str) -> int:
 
 
 def _workload(o: SweepOptions, context: int) -> Any:
-    from autotune.tokenizer import load_tokenizer
-    from autotune.workload import build_workload
+    from autotune.workload.sources import build_workload
+    from autotune.workload.tokenizer import load_tokenizer
 
     tok = load_tokenizer(o.tokenizer)
     total = o.num_prompts + o.warmup
@@ -339,8 +338,8 @@ def _plan(o: SweepOptions, slo: Any, wl: Any) -> Any:
     """Each point is the steady-state load test of search and ceiling (sized by time,
     judged pass / fail / inconclusive), unless ``--min-duration count`` asks for
     fixed-count points."""
-    from autotune.options import parse_steady
-    from autotune.trial import LoadPlan
+    from autotune.backends.base import LoadPlan
+    from autotune.tuning.options import parse_steady
 
     count = (o.min_duration or "").strip().lower() == "count"
     steady = None if count else parse_steady(o.min_duration, o.max_duration, o.num_prompts)
@@ -352,16 +351,17 @@ def _plan(o: SweepOptions, slo: Any, wl: Any) -> Any:
 
 def _backend(o: SweepOptions, kind: str, sim: tuple[str, str, int] | None,
              folder: Path) -> Any:
-    from autotune.trial import ServerBackend, SimBackend
+    from autotune.backends.http import ServerBackend
+    from autotune.backends.sim import SimBackend
 
     if kind == "sim" and sim is not None:
         return SimBackend(f"{sim[2]}x{sim[0]}", sim[1])
     if kind == "attach":
-        from autotune.server import AttachedServer
+        from autotune.servers.vllm import AttachedServer
 
         return ServerBackend(AttachedServer(_attach_url(o)), name="attach", gpus=o.gpus,
                              nvml=False)
-    from autotune.server import VllmServer
+    from autotune.servers.vllm import VllmServer
 
     cmd = shlex.split(o.vllm_cmd)
     if not cmd:
@@ -414,7 +414,7 @@ def table_of(res: Any, slo: Any) -> Table:
 
 
 def _print(res: Any, slo: Any) -> None:
-    from autotune.diagnose import render
+    from autotune.analysis.diagnose import render
 
     console.print(table_of(res, slo))
     sim = " (simulated)" if res.simulated else ""
@@ -444,7 +444,7 @@ def _print(res: Any, slo: Any) -> None:
 
 
 def markdown_of(res: Any) -> str:
-    from autotune.diagnose import render
+    from autotune.analysis.diagnose import render
 
     rows = res.rows()
     keys = ([res.spec.param] if res.spec.param else []) + [
@@ -479,8 +479,8 @@ def plot_sweep(res: Any, folder: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from autotune.analysis.sweep import _numeric_x, _series
     from autotune.report.plots import legend
-    from autotune.sweep import _numeric_x, _series
 
     x = res.spec.x_name
     written: list[Path] = []

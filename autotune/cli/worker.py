@@ -23,8 +23,8 @@ from autotune.cli._common import (
     fail,
     one_line_errors,
 )
-from autotune.options import DEFAULT_CONTEXT
-from autotune.terminal import console, err_console
+from autotune.core.terminal import console, err_console
+from autotune.tuning.options import DEFAULT_CONTEXT
 
 
 class WorkerBackend(str, Enum):
@@ -96,12 +96,12 @@ def worker(
 ) -> None:
     """Join STUDY in a shared storage and run trials until it holds --n-trials."""
 
-    from autotune.options import parse_gpu_ids
-    from autotune.storage import scrub
-    from autotune.worker import StudySpec, WorkerOptions, run_worker, space_to_dict
+    from autotune.study.storage import scrub
+    from autotune.study.worker import StudySpec, WorkerOptions, run_worker, space_to_dict
+    from autotune.tuning.options import parse_gpu_ids
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from autotune.optuna_adapter import quiet_logging
+    from autotune.study.optuna_adapter import quiet_logging
 
     quiet_logging()
     with _scrubbed(storage), one_line_errors():
@@ -123,9 +123,9 @@ def worker(
         if not db_retry_s >= 0:
             raise fail(f"--db-retry-s must be >= 0 seconds, got {db_retry_s:g}")
         if space is not None and slo is not None:
-            from autotune.options import duration
-            from autotune.slo import parse_slo
-            from autotune.space import SearchSpace
+            from autotune.core.slo import parse_slo
+            from autotune.study.space import SearchSpace
+            from autotune.tuning.options import duration
 
             sp = SearchSpace.load(space)
             spec = StudySpec(
@@ -158,7 +158,7 @@ def worker(
 
 
 def _wait_s(text: str) -> float:
-    from autotune.slo import parse_duration
+    from autotune.core.slo import parse_duration
 
     if text.strip() in ("0", "0s", "0ms", "0m"):
         return 0.0
@@ -178,7 +178,7 @@ class _scrubbed:
                  tb: object) -> Literal[False]:
         if exc is None or isinstance(exc, typer.Exit | KeyboardInterrupt | SystemExit):
             return False
-        from autotune.storage import scrub
+        from autotune.study.storage import scrub
 
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise fail(f"{type(exc).__name__}: {scrub(first, self.url)}", code=1) from None

@@ -12,9 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.files import atomic_write
-from autotune.recommend import equal_gpus
-from autotune.record import as_mapping
+from autotune.analysis.recommend import equal_gpus
+from autotune.core.files import atomic_write
 from autotune.report import plots
 from autotune.report.data import (
     ReportError,
@@ -31,6 +30,7 @@ from autotune.report.data import (
     varying_keys,
 )
 from autotune.report.render import Figure, Page, Text, html_page, markdown, table_from
+from autotune.tuning.record import as_mapping
 
 DEFAULT_HEADROOM = 0.1
 MIN_TRIALS_FOR_IMPORTANCE = 4
@@ -97,7 +97,7 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
         return None, ("parameter importances: every completed trial has the same objective "
                       f"value ({next(iter(values.values())):g}), so no parameter explains "
                       "any change")
-    from autotune.optuna_adapter import quiet_logging
+    from autotune.study.optuna_adapter import quiet_logging
 
     quiet_logging()  # a scratch study: Optuna's "A new study created in memory" is noise
     scored = optuna.create_study(direction="maximize")
@@ -354,7 +354,7 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     command = (rec_best.get("command") if same else None) or rec.get("command")
     if not command:
         with contextlib.suppress(Exception):
-            from autotune.deploy import serve_command
+            from autotune.analysis.deploy import serve_command
 
             cfg = dict(best.get("config") or {})
             command = serve_command(cfg, gpus=range(int(best.get("gpus") or 1)), port=8000,
@@ -498,7 +498,7 @@ def write_report(
 
     ``storage`` defaults to ``sqlite:///studies/<name>.db``, ``out_dir`` to
     ``studies/<name>/``.  ``imported``: rows from
-    :func:`autotune.vllm_results.read_vllm_rows` to draw next to the trials.
+    :func:`autotune.analysis.vllm_results.read_vllm_rows` to draw next to the trials.
     Raises :class:`ReportError` for an unknown or empty study, before writing anything.
     """
     out = Path(out_dir) if out_dir is not None else Path("studies") / study_name
@@ -523,7 +523,7 @@ def replica_results(data: StudyData) -> list[Any]:
     Where the ceiling search ran on a config, its ``feasible_max`` and the goodput of
     the passing probe there replace the single rate the trial happened to try.
     """
-    from autotune.deploy import ReplicaResult
+    from autotune.analysis.deploy import ReplicaResult
 
     probes: dict[str, tuple[float, float | None, float | None]] = {}
     for p in ceiling_probe_rows(data.ceilings):

@@ -1,8 +1,8 @@
 """What a report shows, read from a study (and ceiling files, and imported results).
 
 Everything here turns storage into plain rows (dicts with the
-``autotune.experiments.COLUMNS`` keys plus a few of the report's own); the plots and
-the pages never touch Optuna.  Trials are read through ``autotune.record.StoredTrial``,
+``autotune.study.experiments.COLUMNS`` keys plus a few of the report's own); the plots and
+the pages never touch Optuna.  Trials are read through ``autotune.tuning.record.StoredTrial``,
 the one reader the recommendation uses too, so both show the same goodput (the
 steady-state one of the judged arrivals); the study's ``user_attrs`` hold the SLO, the
 objective and the GPU count.
@@ -17,10 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError
-from autotune.experiments import CONFIG_COLUMNS
-from autotune.flags import CLIENT_PARAMS
-from autotune.record import StoredTrial, as_mapping, as_number, goodput_of
+from autotune.core.errors import AutotuneError
+from autotune.core.flags import CLIENT_PARAMS
+from autotune.study.experiments import CONFIG_COLUMNS
+from autotune.tuning.record import StoredTrial, as_mapping, as_number, goodput_of
 
 # Flags people recognise by short names in labels and legends.
 SHORT = {
@@ -74,11 +74,11 @@ def load_study(name: str, storage: str) -> Any:
     """The Optuna study, or a ReportError naming the studies that do exist.
 
     Any storage ``autotune search`` takes (SQLite, PostgreSQL/MySQL, ``journal:PATH``)
-    opens through ``autotune.storage``; a URL is only ever shown with its password masked.
+    opens through ``autotune.study.storage``; a URL is only ever shown with its password masked.
     """
     import optuna
 
-    from autotune.storage import mask_url, open_storage
+    from autotune.study.storage import mask_url, open_storage
 
     shown = mask_url(storage)
     if storage.startswith("sqlite:///"):

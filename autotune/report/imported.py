@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.files import atomic_write
+from autotune.core.files import atomic_write
 from autotune.report import plots
 from autotune.report.build import ReportPaths, imported_table, trials_csv
 from autotune.report.data import ReportError, config_key

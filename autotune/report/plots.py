@@ -50,7 +50,7 @@ def slo_line(slo_text: str | None) -> tuple[str, float | None, str]:
     """(row key of the plotted p99, SLO threshold in s or None, axis label)."""
     if slo_text:
         try:
-            from autotune.slo import parse_slo
+            from autotune.core.slo import parse_slo
 
             slo = parse_slo(slo_text)
         except ValueError:

@@ -1,4 +1,4 @@
-"""A small hand-made study in ``autotune.study``'s layout, for tests and demos.
+"""A small hand-made study in ``autotune.study.study``'s layout, for tests and demos.
 
 The load tests are synthetic (a queue whose latency climbs as the offered rate nears
 each config's capacity, then grows without bound past it), summarised by the real
@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autotune.metrics import summarize
-from autotune.records import RequestRecord
-from autotune.slo import parse_slo
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
 
 SOURCE = "simulated (synthetic queue, for tests)"
 

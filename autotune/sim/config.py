@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 from autotune.sim.profiles import GIB, HardwareProfile, ModelProfile
 
 

@@ -1,7 +1,7 @@
 """Virtual-time simulation of one load test against a simulated vLLM engine.
 
 ``simulate`` drives the scheduler and the cost model as a discrete-event simulation and
-fills the same :class:`~autotune.records.RequestRecord` objects the HTTP load generator
+fills the same :class:`~autotune.core.records.RequestRecord` objects the HTTP load generator
 fills, so ``metrics`` cannot tell the two apart.  Every figure it produces is simulated.
 
 The API server (front end, :mod:`autotune.sim.frontend`) is a stage of its own when the
@@ -33,13 +33,13 @@ from typing import Any
 
 import numpy as np
 
-from autotune.records import RequestRecord, WindowCallback
+from autotune.core.records import RequestRecord, WindowCallback
 from autotune.sim.config import EngineConfig, EngineSetup, resolve
 from autotune.sim.costmodel import CostModel
 from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Plan, Scheduler, Seq
-from autotune.workload import Request
+from autotune.workload.sources import Request
 
 ABORTED = "aborted: pruned"
 

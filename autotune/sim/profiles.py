@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
 GIB = 1024**3

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 FAULTS: tuple[str, ...] = ("500", "drop", "cut", "reset", "slow", "short")
 # 500: HTTP 500 at once.  drop: close the connection without any response.

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

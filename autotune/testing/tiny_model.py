@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from autotune.errors import AutotuneError
+from autotune.core.errors import AutotuneError
 
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|im_start|>", "<|im_end|>",
                   "<|pad|>"]

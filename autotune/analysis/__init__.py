@@ -1,0 +1,1 @@
+"""From measurements to decisions: recommend, deploy, knee, scaling, diagnose, sweeps."""

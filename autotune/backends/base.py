@@ -1,0 +1,130 @@
+"""Where load tests run: the :class:`Backend` base, the load plan it is offered and
+the raw run it returns.
+
+Two execution modes, one run type: virtual time (:mod:`autotune.backends.sim`) and
+real time (:mod:`autotune.backends.http`).  ``autotune.tuning.trial`` judges the runs.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from autotune.core.metrics import MEASURED
+from autotune.core.records import RequestRecord, WindowCallback
+from autotune.core.slo import SLO
+from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.sources import Request
+
+if TYPE_CHECKING:
+    # The load plan carries the verdict's sizing rule; backends only ask it how many
+    # requests a rate plans, so they need not import the tuning package.
+    from autotune.tuning.verdict import SteadyState
+
+
+@dataclass
+class LoadPlan:
+    """What every load test of a study offers (same requests, same seed)."""
+
+    slo: SLO
+    requests: list[Request]  # the measured requests, in order
+    warmup_requests: list[Request] = field(default_factory=list)
+    warmup: int = 0
+    seed: int = 0
+    process: str = "poisson"
+    burstiness: float = 1.0
+    window_s: float = 1.0
+    request_timeout_s: float = 600.0
+    max_concurrency: int | None = None
+    # Steady-state sizing and stop rule (autotune.tuning.verdict); None: a fixed-count test of
+    # ``requests`` judged on its SLO check alone (kept for what-if sweeps and old tests).
+    steady: SteadyState | None = None
+    # When the server-time budget (``--budget``) ends, on the backend's ``server_s``
+    # clock: a test sized by time that is running then stops there, with whatever
+    # verdict its evidence supports.
+    deadline_s: float | None = None
+
+    def measured_for(self, rate: float) -> list[Request]:
+        """The measured requests a test at ``rate`` plans: the pool itself, or, when the
+        test is sized by time, as many as its cap's duration needs (cycling the pool)."""
+        if self.steady is None or not self.requests:
+            return list(self.requests)
+        n = self.steady.arrivals_for(self.slo, rate)
+        pool = self.requests
+        return [pool[i % len(pool)] for i in range(n)]
+
+    def planned_span_s(self, rate: float) -> float:
+        """When the last measured request is scheduled (from the first)."""
+        n = len(self.measured_for(rate))
+        off = arrival_offsets(self.warmup + n, rate, process=self.process,  # type: ignore[arg-type]
+                              burstiness=self.burstiness, seed=self.seed)
+        return float(off[-1] - off[self.warmup]) if len(off) else 0.0
+
+    def warmup_span_s(self, rate: float) -> float:
+        """When the first measured request is scheduled (from the first warm-up one)."""
+        if not self.warmup or not (rate > 0 and math.isfinite(rate)):
+            return 0.0
+        off = arrival_offsets(self.warmup + 1, rate, process=self.process,  # type: ignore[arg-type]
+                              burstiness=self.burstiness, seed=self.seed)
+        return float(off[self.warmup] - off[0])
+
+    def mean_output_tokens(self) -> float:
+        """Mean requested output tokens of the measured pool (goodput tok/s per req/s)."""
+        if not self.requests:
+            return 0.0
+        return sum(r.output_tokens for r in self.requests) / len(self.requests)
+
+
+@dataclass
+class LoadRun:
+    """The raw outcome of one load test on a backend."""
+
+    records: list[RequestRecord]
+    aborted: bool
+    abort_reason: str | None
+    load_test_s: float  # duration of the load test (virtual seconds in the simulator)
+    telemetry: dict[str, Any] = field(default_factory=dict)
+    crashed: str | None = None  # why the server died during the test, if it did
+
+
+class TrialFailed(Exception):
+    """The config could not be evaluated; ``reason`` says why in one word."""
+
+    def __init__(self, reason: str, detail: str, *, log_path: str | None = None) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.log_path = log_path
+
+
+class Backend(ABC):
+    """Where trials run.  ``server_s`` accumulates server time (restarts included)."""
+
+    name: str = "backend"
+    mode: str = "real"  # "virtual" | "real"
+    restartable: bool = True
+    source: str = MEASURED
+
+    def __init__(self) -> None:
+        self.server_s = 0.0
+        self.restarts = 0
+
+    @abstractmethod
+    def prepare(self, flags: Mapping[str, Any], *, trial: int | None = None
+                ) -> dict[str, Any]:
+        """Make a server with ``flags`` ready (reuse it when the flags are unchanged);
+        return its startup info.  Raises :class:`TrialFailed`."""
+
+    @abstractmethod
+    def load_test(self, rate: float, plan: LoadPlan, on_window: WindowCallback | None) -> LoadRun:
+        """Offer ``plan`` at ``rate`` to the prepared server."""
+
+    def gpus_used(self, flags: Mapping[str, Any]) -> int:
+        return int(flags.get("tensor_parallel_size", 1)) * int(
+            flags.get("pipeline_parallel_size", 1))
+
+    def close(self) -> None:  # noqa: B027 - most backends have nothing to stop
+        """Stop whatever runs; nothing may be left behind."""

@@ -1,0 +1,1 @@
+"""The HTTP load generator: transport, SSE reader, open-loop load."""

@@ -1,0 +1,937 @@
+"""The search pipeline as a library call: ``run_search(SearchOptions(...))``.
+
+Prescreen on the simulator (optional), the Optuna study (each trial one config, one
+server start, its ceiling searched on the running server), refinement (optional),
+validation of the recommended cap, the recommendation and the report.  The CLI parses
+its options into :class:`SearchOptions` and calls :func:`run_search` once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from autotune.core.files import atomic_write, json_safe
+from autotune.core.metrics import MEASURED, SIMULATED
+from autotune.core.terminal import console, err_console
+from autotune.tuning.options import (
+    DEFAULT_CONTEXT,
+    OptionsError,
+    duration,
+    parse_env,
+    parse_gpu_ids,
+    parse_profile,
+    parse_steady,
+    parse_validate,
+)
+
+BACKENDS = ("sim", "vllm", "attach")
+
+
+def write_json(path: Path, data: Any) -> None:
+    atomic_write(path, json.dumps(json_safe(data), indent=2, allow_nan=False, default=str)
+                 + "\n")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """Everything ``autotune search`` (and the library call) takes, as the user gave it;
+    :func:`run_search` checks it all before anything is written."""
+
+    slo_p99: str | None = None
+    slo: str | None = None
+    space: str = "default"
+    gpus: int | None = None
+    profile: str | None = None
+    model: str | None = None
+    backend: str | None = None
+    study_name: str | None = None
+    storage: str | None = None
+    sampler: str = "tpe"
+    n_trials: int | None = None
+    timeout: str | None = None
+    budget: str | None = None
+    objective: str = "tokens"
+    per_gpu: bool = False
+    num_prompts: int = 1000
+    warmup: int = 100
+    seed: int = 0
+    prescreen: str | None = None
+    prescreen_trials: int = 40
+    top_k: int = 3
+    vllm_cmd: str = "vllm serve"
+    url: str | None = None
+    no_prune: bool = False
+    headroom: float = 0.10
+    studies_dir: Path = Path("studies")
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    prove_top: int = 2
+    wandb: str | None = None
+    mlflow: str | None = None
+    startup_timeout: float = 900.0
+    gpu_ids: str | None = None
+    vllm_env: tuple[str, ...] = ()
+    min_duration: str | None = None
+    max_duration: str | None = None
+    backlog_share: float = 0.02
+    tol: float = 0.03
+    max_probes: int = 8
+    validate: str = "5m"
+    twin: bool = False
+    twin_prior: str | None = None
+    twin_candidates: int = 12
+
+    def __post_init__(self) -> None:
+        # Typer hands repeatable options over as lists; a frozen object keeps a tuple.
+        object.__setattr__(self, "vllm_env", tuple(self.vllm_env or ()))
+        object.__setattr__(self, "studies_dir", Path(self.studies_dir))
+
+
+@dataclass(frozen=True)
+class ProofSize:
+    """The proof after a screened study, for the time estimate: ``configs`` proven
+    (--prove-top), each by 1 to ``max_probes`` full tests of ``min_s`` to ``max_s``."""
+
+    configs: int
+    min_s: float
+    max_s: float
+    max_probes: int
+
+
+def _span_s(lo: float, hi: float) -> str:
+    return f"{lo:g} s" if lo == hi else f"{lo:g} to {hi:g} s"
+
+
+def time_estimate(*, n_trials: int, min_s: float, max_s: float, max_probes: int,
+                  validate_s: float | None, budget_s: float | None, virtual: bool,
+                  proof: ProofSize | None = None) -> str:
+    """How long a study may take, before it starts: each trial is one server start and
+    its load tests; a config that cannot beat the best so far stops after one test, the
+    first ones (no incumbent) run a saturation probe and a whole rate search.  With
+    ``proof``, the trials' tests are screening tests and the proof's full tests follow."""
+    def span(seconds: float) -> str:
+        return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+    low = (n_trials + 3) * min_s
+    high = n_trials * max_probes * max_s
+    tests = f"1 to {max_probes} (--max-probes) load tests of {_span_s(min_s, max_s)}"
+    if proof is not None:
+        tests = (f"1 to {max_probes} screening tests of {_span_s(min_s, max_s)}, then the "
+                 f"{proof.configs} best proven by 1 to {proof.max_probes} (--max-probes) "
+                 f"tests of {_span_s(proof.min_s, proof.max_s)} each")
+        low += proof.configs * proof.min_s
+        high += proof.configs * proof.max_probes * proof.max_s
+    text = (f"time: {n_trials} trials of {tests}: about {span(low)} to {span(high)} of "
+            "load tests, plus a server start per trial")
+    if validate_s:
+        text += f" and the {span(validate_s)} validation"
+    if budget_s is not None:
+        text += (f"; --budget stops it at {span(budget_s)}"
+                 + (" (validation included)" if validate_s else ""))
+        if budget_s < high + (validate_s or 0.0):
+            text += ", before the longest case"
+    return text + (" (virtual time: the simulator runs it in seconds)" if virtual else "")
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "", text.lower().replace(".", "p"))
+
+
+@dataclass
+class Plan:
+    """Everything validated, nothing written yet."""
+
+    slo: Any
+    space: Any
+    backend: str
+    name: str
+    storage: str
+    settings: Any
+    hardware: str
+    sim_model: str
+    gpus: int
+    steady: Any = None  # autotune.tuning.verdict.SteadyState
+    validate_s: float | None = None
+    gpu_ids: list[int] | None = None  # CUDA_VISIBLE_DEVICES of the launched server
+    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server
+    twin_prior: str | None = None  # the twin's prior hardware profile (--twin), else None
+
+
+def _validate(o: SearchOptions) -> Plan:
+    from autotune.core.slo import combine
+    from autotune.study.space import SearchSpace
+    from autotune.study.study import (
+        OBJECTIVES,
+        SAMPLERS,
+        StudySettings,
+        make_sampler,
+        storage_url,
+        validate_name,
+    )
+
+    if o.slo_p99 is None and o.slo is None:
+        raise OptionsError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
+    slo = combine(o.slo_p99, o.slo)
+    space = SearchSpace.load(o.space)
+    if o.sampler.lower() not in SAMPLERS:
+        raise OptionsError(f"unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}")
+    make_sampler(o.sampler, seed=o.seed, space=space)  # e.g. GP without PyTorch
+    if o.objective not in OBJECTIVES:
+        raise OptionsError(f"unknown objective {o.objective!r}; use tokens or requests")
+    backend = o.backend or ("attach" if o.url else "vllm" if o.model else "sim")
+    if backend not in BACKENDS:
+        raise OptionsError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == "attach" and not o.url:
+        raise OptionsError("--backend attach needs --url of the running server")
+    if o.prescreen is not None and o.prescreen != "sim":
+        raise OptionsError(f"unknown --prescreen {o.prescreen!r}; the only pre-screen is 'sim'")
+    if o.prescreen and backend != "vllm":
+        raise OptionsError("--prescreen sim seeds a real study: use it with --backend vllm")
+    if o.twin and backend == "attach":
+        raise OptionsError("--twin learns from the configs autotune starts, and an attached "
+                           "server runs one config: use --twin with --backend vllm")
+    if (o.twin_prior or o.twin_candidates != 12) and not o.twin:
+        raise OptionsError("--twin-prior and --twin-candidates set up the twin: add --twin")
+    if o.twin_candidates < 0:
+        raise OptionsError(f"--twin-candidates must be 0 (predict only the trial at hand) "
+                           f"or more, got {o.twin_candidates}")
+    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
+                             ("--top-k", o.top_k, 1), ("--prescreen-trials",
+                                                       o.prescreen_trials, 1)):
+        if value < low:
+            raise OptionsError(f"{name} must be at least {low}, got {value}")
+    if o.n_trials is not None and o.n_trials < 1:
+        raise OptionsError(f"--n-trials must be at least 1, got {o.n_trials}")
+    if o.gpus is not None and o.gpus < 1:
+        raise OptionsError(f"--gpus must be at least 1, got {o.gpus}")
+    if not 0 <= o.headroom < 1:
+        raise OptionsError(f"--headroom must be in [0, 1), got {o.headroom}")
+    if o.prove_top < 0:
+        raise OptionsError(f"--prove-top must be 0 (off) or more, got {o.prove_top}")
+    if not 0 < o.tol < 1:
+        raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
+    if o.max_probes < 1:
+        raise OptionsError(f"--max-probes must be at least 1, got {o.max_probes}")
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
+    validate_s = parse_validate(o.validate)
+    if not o.startup_timeout > 0:
+        raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
+                         f"{o.startup_timeout:g}")
+    gpu_ids = parse_gpu_ids(o.gpu_ids)
+    env = parse_env(list(o.vllm_env))
+    timeout_s, budget_s = duration("--timeout", o.timeout), duration("--budget", o.budget)
+    if budget_s is not None and validate_s is not None:
+        # The answer's validation run is part of what the user asked the budget to cover.
+        if budget_s <= validate_s:
+            raise OptionsError(
+                f"--budget {o.budget} leaves no server time for the search after the "
+                f"{o.validate} validation run: raise --budget above {o.validate}, or pass "
+                "--validate off")
+        budget_s -= validate_s
+    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
+    heads = space.attention_heads
+    if backend == "sim" or o.prescreen or o.twin or (backend == "vllm" and o.profile):
+        from autotune.sim.profiles import ProfileError, load_hardware, load_model
+
+        try:
+            load_hardware(f"{count}x{hw}")
+            heads = load_model(sim_model).num_attention_heads
+        except (ProfileError, OSError, ValueError) as exc:
+            raise OptionsError(f"--profile {o.profile or hw}: {exc}") from None
+        if o.twin_prior:
+            try:
+                load_hardware(f"{count}x{o.twin_prior}")
+            except (ProfileError, OSError, ValueError) as exc:
+                raise OptionsError(f"--twin-prior {o.twin_prior}: {exc}") from None
+    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
+    validate_name(name)
+    url = storage_url(name, o.storage, o.studies_dir)
+    if o.storage:
+        _check_storage_url(url)
+    if o.storage and url.startswith("sqlite:///"):
+        folder = Path(url[len("sqlite:///"):]).resolve().parent
+        if not folder.is_dir():
+            raise OptionsError(f"cannot open storage {url}: folder {folder} does not exist")
+    settings = StudySettings(
+        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
+        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
+        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
+        # The default simulated study must finish in well under two minutes even on a
+        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
+        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
+        else 75.0,
+        budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
+        attention_heads=heads, tol=o.tol,
+        max_probes=o.max_probes, headroom=o.headroom, screen=o.prove_top > 0)
+    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
+                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
+                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
+                twin_prior=(o.twin_prior or hw) if o.twin else None)
+
+
+SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
+
+
+def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[str, Any]:
+    """What the study stores of how it is measured, beside the SLO and space: plain
+    attributes for people (optuna-dashboard), and the settings another command needs to
+    measure a trial's config the same way."""
+    sim = plan.backend == "sim"
+    settings = {
+        "slo": str(plan.slo), "profile": plan.hardware, "sim_model": plan.sim_model,
+        "gpus": plan.gpus, "num_prompts": o.num_prompts, "warmup": o.warmup, "seed": o.seed,
+        "tol": o.tol, "max_probes": o.max_probes, "headroom": o.headroom,
+        "tokenizer": o.tokenizer, "max_model_len": _sample_max_len(o, plan),
+        "min_duration": o.min_duration, "max_duration": o.max_duration,
+        "backlog_share": o.backlog_share}
+    from autotune.study.study import rate_bounds
+
+    bounds = rate_bounds(plan.space)
+    if bounds is not None:
+        settings["min_rate"], settings["max_rate"] = bounds
+    return {"backend": plan.backend, "source": SIMULATED if sim else MEASURED,
+            "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
+            "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
+                        f"{load_plan.warmup} warm-up)",
+            "tokenizer": wl.tokenizer, SETTINGS_ATTR: settings}
+
+
+def _sample_max_len(o: SearchOptions, plan: Plan) -> int:
+    """The longest ShareGPT pair (prompt + output tokens) the workload keeps."""
+    return o.max_model_len or int(plan.space.fixed.get("max_model_len") or DEFAULT_CONTEXT)
+
+
+def _check_storage_url(url: str) -> None:
+    """A URL sqlalchemy cannot even parse, or whose database driver is missing, fails
+    here before the workload is built (reachability is checked when it is opened)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ImportError) as exc:
+        raise OptionsError(f"cannot open storage {url}: {exc}") from None
+
+
+def _workload(o: SearchOptions, plan: Plan) -> Any:
+    from autotune.workload.sources import load_sharegpt, pool_size
+    from autotune.workload.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(o.tokenizer)
+    mml = _sample_max_len(o, plan)
+    return load_sharegpt(tokenizer=tok, num_prompts=pool_size(o.num_prompts) + o.warmup,
+                         max_model_len=mml, seed=o.seed)
+
+
+def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) -> Any:
+    from autotune.backends.base import LoadPlan
+
+    reqs = list(wl.requests)
+    n_warm = min(warmup, max(len(reqs) - 1, 0))
+    return LoadPlan(slo=slo, requests=reqs[n_warm:], warmup_requests=reqs[:n_warm],
+                    warmup=n_warm, seed=seed, window_s=1.0, steady=steady)
+
+
+def _backend(o: SearchOptions, plan: Plan) -> Any:
+    from autotune.backends.http import ServerBackend
+    from autotune.backends.sim import SimBackend
+
+    if plan.backend == "sim":
+        return SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    if plan.backend == "attach":
+        from autotune.servers.vllm import AttachedServer
+
+        if not o.url:  # _validate refused this already; an attached server needs its URL
+            raise OptionsError("--backend attach needs --url of the running server")
+        return ServerBackend(AttachedServer(o.url), name="attach", gpus=plan.gpus)
+    from autotune.servers.vllm import VllmServer
+
+    cmd = shlex.split(o.vllm_cmd)
+    if not cmd:
+        raise OptionsError("--vllm-cmd is empty: give the command that starts vLLM")
+    model = o.model or plan.space.fixed.get("model")
+    if not model:
+        raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the space)")
+    server = VllmServer(str(model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
+                        log_dir=plan.settings.out_dir / "logs", env=plan.env,
+                        startup_timeout_s=o.startup_timeout, gpus=plan.gpu_ids)
+    return ServerBackend(server, name="vllm", gpus=plan.gpus)
+
+
+def _attach_space(space: Any) -> Any:
+    """An attached server cannot restart: only client-side parameters are searched."""
+    from dataclasses import replace
+
+    from autotune.study.space import CLIENT_PARAMS
+
+    params = {k: v for k, v in space.params.items() if k in CLIENT_PARAMS}
+    if not params:
+        raise OptionsError(f"space {space.name} has no request_rate to search on an attached "
+                         "server")
+    base = {k: v for k, v in space.baseline.items() if k in params}
+    return replace(space, params=params, baseline=base, rules=())
+
+
+# ----------------------------------------------------------------------------- live view
+
+
+# A running real load test prints a progress line this often (seconds of arrivals).
+PROGRESS_EVERY_S = 30.0
+
+
+class LiveView:
+    """A rich table of the trials so far (one line per trial when not a terminal)."""
+
+    def __init__(self, out: Console, slo: Any, backend: str) -> None:
+        self.out = out
+        self.slo = slo
+        self.rows: list[list[str]] = []
+        self.live: Live | None = None
+        self.how = (SIMULATED if backend == "sim"
+                    else MEASURED)
+        self.shown: dict[tuple[str, int, float], float] = {}  # progress line last printed at
+
+    def __enter__(self) -> LiveView:
+        if self.out.is_terminal:
+            self.live = Live(self._table(), console=self.out, refresh_per_second=4)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def _table(self) -> Table:
+        t = Table(title=f"trials ({self.how}; SLO {self.slo})", title_justify="left")
+        for col in ("#", "config", "rate", "goodput tok/s", "P99 e2e s", "result"):
+            t.add_column(col, justify="right" if col in ("#", "rate", "goodput tok/s",
+                                                         "P99 e2e s") else "left")
+        for row in self.rows[-20:]:
+            t.add_row(*row)
+        return t
+
+    def probe(self, number: int, p: Any, what: str = "trial") -> None:
+        """Each load test of a trial's rate search as it ends: a plain line, so a log
+        file or a pod shows progress while a real trial runs for minutes."""
+        if self.how.startswith("simulated"):
+            return  # virtual time: a whole study takes seconds, the trial lines suffice
+        rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3g}"
+        ev = p.evidence
+        how = "" if ev is None else (f" after {ev.at_s:.0f} s of arrivals, {ev.cohort} "
+                                     f"requests judged: {ev.reasons[0][:100]}")
+        self.out.print(f"  {what} {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
+                       f" {p.verdict}{how}", soft_wrap=True, highlight=False, markup=False)
+
+    def progress(self, number: int, rate: float, ev: Any, what: str = "trial") -> None:
+        """A running load test, every ``PROGRESS_EVERY_S`` of its arrivals: a plain line
+        (sent, completed, in flight, judged, the served share, each limit so far, the
+        verdict so far), so a log shows a real test of minutes moving."""
+        if self.how.startswith("simulated") or math.isinf(rate):
+            return
+        key = (what, number, rate)
+        if ev.at_s < self.shown.get(key, 0.0) + PROGRESS_EVERY_S:
+            return
+        self.shown[key] = ev.at_s
+        limits = ", ".join(f"{lim.label} {lim.observed_s:.3g} s" for lim in ev.limits)
+        served = (f"{100 * ev.served_share:.0f}% of arrivals served"
+                  if math.isfinite(ev.served_share) else "none served yet")
+        self.out.print(f"  {what} {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
+                       f"{ev.sent} sent, {ev.completed} completed, "
+                       f"{ev.sent - ev.completed} in flight, {ev.cohort} judged, {served}, "
+                       f"{limits} so far: {ev.verdict} so far",
+                       soft_wrap=True, highlight=False, markup=False)
+
+    def add(self, number: int, result: Any, violations: list[Any]) -> None:
+        from autotune.analysis.recommend import flags_line
+
+        if result is None:
+            row = [str(number), "", "", "-", "-",
+                   "not launched: " + "; ".join(str(v) for v in violations)]
+        else:
+            s = result.summary
+            # The trial's value (steady-state), as the recommendation prints it.
+            good = "-" if s is None or not result.feasible else f"{result.goodput():,.0f}"
+            p99 = "-" if s is None or not math.isfinite(s.e2e.p99) else f"{s.e2e.p99:.2f}"
+            if result.feasible:
+                verdict = "ceiling"
+            elif result.status == "pruned" and result.prune is not None:
+                verdict = f"pruned at {result.prune.at_s:.0f}s: {result.reason}"
+            elif result.status == "pruned" or result.reason == "below_incumbent":
+                verdict = f"below_incumbent: fails the rate that beats the best ({result.rate:.2f})"
+            else:
+                verdict = f"infeasible: {result.reason}"
+                # Whole: a cut mid-reason hid the part that decided (the steady
+                # half's bound, behind "(st").
+                if result.detail and result.reason != "slo_missed":
+                    verdict += f" ({result.detail})"
+            row = [str(number), flags_line(result.flags), f"{result.rate:.2f}", good, p99,
+                   verdict]
+        self.rows.append(row)
+        if self.live is not None:
+            self.live.update(self._table())
+        else:
+            self.out.print(f"trial {row[0]:>3}  {row[1]:<48} rate {row[2]:>6}  "
+                           f"goodput {row[3]:>8}  p99 {row[4]:>6}  {row[5]}",
+                           soft_wrap=True, highlight=False)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def run_search(o: SearchOptions) -> int:
+    """The whole pipeline: prescreen, study, refinement, validation, recommendation,
+    report.  Returns the exit code (0, 1 when no config met the SLO, 130 on Ctrl-C)."""
+    from autotune.analysis import recommend as rec_mod
+    from autotune.servers.process import interrupted_code
+    from autotune.study.optuna_adapter import quiet_logging
+    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.study import rate_bounds, run_study
+
+    quiet_logging()
+
+    plan = _validate(o)
+    from autotune.report.trackers import make_trackers, optuna_callback
+
+    # A missing tracker package fails here, before anything is written or run.
+    trackers = make_trackers(wandb_project=o.wandb, mlflow_uri=o.mlflow)
+    on_trial_end = optuna_callback(trackers, plan.name) if trackers else None
+    if plan.backend == "attach":
+        plan.space = _attach_space(plan.space)
+        plan.settings.space = plan.space
+    elif o.model and "model" not in plan.space.fixed:
+        # So the recommendation's `vllm serve` line names the model that was measured.
+        from dataclasses import replace
+
+        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
+        plan.settings.space = plan.space
+    wl = _workload(o, plan)
+    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
+    # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
+    # retries (autotune.study.storage), so `autotune worker`s can share the study.
+    if not o.storage:
+        # --studies-dir is autotune's own output folder (only a --storage URL names a
+        # folder that must already exist).
+        try:
+            Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise OptionsError(f"--studies-dir {o.studies_dir}: cannot create it "
+                               f"({exc.strerror or exc})") from None
+    storage = open_storage(plan.storage)
+    out = console
+    rule = plan.steady
+    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
+              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
+              f"({len(load_plan.requests)} requests, cycled), tokens counted with "
+              f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
+              f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
+              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
+              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
+              "its steady-state verdict is certain", soft_wrap=True)
+    out.print(_time_line(plan, rule, o.prove_top), soft_wrap=True)
+    enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    # The first configs come from the simulator whenever a profile is known: a real
+    # study given --profile is pre-screened unless told otherwise.
+    if o.prescreen or (o.prescreen is None and plan.backend == "vllm" and o.profile):
+        enqueue = _prescreen(o, plan, load_plan, storage, out)
+    backend = _backend(o, plan)
+    server0 = backend.server_s
+    server_all = 0.0
+    twin = _twin(o, plan, load_plan, out)
+    phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
+    try:
+        with LiveView(out, plan.slo, plan.backend) as view:
+            run = run_study(plan.settings, backend, load_plan, storage=storage,
+                            enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
+                            on_probe=view.probe, on_progress=view.progress,
+                            attrs=_study_attrs(o, plan, wl, load_plan),
+                            **_twin_hooks(twin, out))
+        views = _views(run.study)
+        bounds = rate_bounds(plan.space)
+        rec = rec_mod.recommend(
+            views, slo=str(plan.slo),
+            objective=("output tok/s" if o.objective == "tokens" else "req/s")
+            + (" per GPU" if o.per_gpu else ""),
+            headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        phases["study"] = run.wall_s
+        ceilings: list[Any] = []
+        if o.prove_top:
+            t0 = time.monotonic()
+            ceilings = _prove(o, plan, run, backend, load_plan, out, view,
+                              deadline_s=None if plan.settings.budget_s is None
+                              else server0 + plan.settings.budget_s)
+            rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
+                                         objective=o.objective, per_gpu=o.per_gpu)
+            phases["proof"] = time.monotonic() - t0
+        if plan.backend == "attach":
+            rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
+                                "cannot see its flags; keep them and enforce the rate cap)")
+        if plan.validate_s and rec.rate_cap:
+            t0 = time.monotonic()
+            proof = next((c.result for c in ceilings if c.trial == rec.best.trial
+                          and hasattr(c.result, "probes")), None)
+            _validate_cap(rec, backend, load_plan, plan, out, proof=proof,
+                          deadline_s=None if plan.settings.budget_s is None
+                          else server0 + plan.settings.budget_s + plan.validate_s)
+            phases["validation"] = time.monotonic() - t0
+        _rate_table(rec, run.study, backend)
+    except rec_mod.RecommendError as exc:
+        text = str(exc)
+        if isinstance(exc, rec_mod.NothingFeasible):
+            floor = _floor_note(run.study, plan.slo, load_plan)
+            if floor:  # "lower the rate" is the wrong advice there: say why instead
+                text = f"{exc.finding}: {floor}"
+        # How the run ended is part of the answer: a budget that ran out is the first
+        # thing to raise when nothing met the SLO in time.
+        text += (f" (this run: {run.new_trials} new trials, {run.server_s:.0f} s server "
+                 f"time, stopped by {run.stopped_by})")
+        err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
+        _report(plan, out)  # the trials that ran are still worth a look
+        return 1
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = interrupted_code(exc)
+        if code is None:
+            raise
+        err_console.print(f"interrupted: the finished trials are kept in "
+                          f"{mask_url(plan.storage)}; run the same command to resume",
+                          soft_wrap=True)
+        return code
+    finally:
+        server_all = backend.server_s - server0
+        backend.close()
+        for t in trackers:
+            with contextlib.suppress(Exception):
+                t.close()
+    if run.stale_failed:
+        rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
+                         "marked failed and retried")
+    if run.taken_over:
+        from autotune.study.seats import TAKEN_OVER_WHY
+
+        rec.notes.append(f"trials {run.taken_over} were failed by another process while they "
+                         f"ran here ({TAKEN_OVER_WHY}); their configs were queued again")
+    pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
+    rec.notes.append(
+        f"this run: {run.new_trials} new trials"
+        + (f" ({run.ran_here} here, {run.new_trials - run.ran_here} by workers)"
+           if run.ran_here < run.new_trials else "")
+        + f" in {run.wall_s:.1f} s wall, "
+        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
+        f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
+        "one load test below the incumbent's rate; "
+        f"{server_all:.0f} s server time in all (study, proof and validation)")
+    folder = plan.settings.out_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / "recommendation.json", rec.to_dict())
+    md = rec_mod.to_markdown(rec)
+    atomic_write(folder / "recommendation.md", md)
+    _print(out, rec, folder)
+    t0 = time.monotonic()
+    _report(plan, out)
+    phases["report"] = time.monotonic() - t0
+    out.print("wall time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
+              + f" ({sum(phases.values()):.1f} s in all)", soft_wrap=True)
+    return 0
+
+
+def _time_line(plan: Plan, rule: Any, prove_top: int) -> str:
+    """The study's time estimate: screening tests then the proof's, or full tests."""
+    from autotune.study.study import SCREEN_PROBES
+    from autotune.tuning.verdict import screening
+
+    s, slo = plan.settings, plan.slo
+    proof, probes = None, s.max_probes
+    if s.screen:
+        proof = ProofSize(prove_top, rule.min_s(slo), rule.max_s(slo), s.max_probes)
+        rule, probes = screening(rule, slo), min(s.max_probes, SCREEN_PROBES)
+    return time_estimate(
+        n_trials=s.n_trials or 0, min_s=rule.min_s(slo), max_s=rule.max_s(slo),
+        max_probes=probes,
+        validate_s=plan.validate_s, budget_s=None if s.budget_s is None
+        else s.budget_s + (plan.validate_s or 0.0), virtual=plan.backend == "sim",
+        proof=proof)
+
+
+def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
+           out: Console, view: LiveView, *, deadline_s: float | None = None) -> list[Any]:
+    """Prove once: the full steady-state ceiling search on the best screened configs,
+    on the study's backend; its load tests report as the study's do (a real proof runs
+    for many minutes)."""
+    from autotune.study.study import refine_ceilings
+
+    how = SIMULATED if backend.mode == "virtual" else MEASURED
+    out.print(f"proving the {o.prove_top} best screened configs ({how}; the full ceiling "
+              "search from each one's screened rate, to --tol, every test a sequential "
+              "test of each limit, pooled across the config's rates)", soft_wrap=True)
+
+    def show(c: Any) -> None:
+        out.print(f"  ceiling of trial {c.trial}: {c.result.sentence()}", soft_wrap=True,
+                  highlight=False)
+
+    return refine_ceilings(run.rows, backend, load_plan, top_k=o.prove_top,
+                           headroom=o.headroom, tol=o.tol, max_probes=o.max_probes,
+                           out_dir=plan.settings.out_dir, on_ceiling=show,
+                           deadline_s=deadline_s,
+                           on_probe=lambda n, p: view.probe(n, p, "proof of trial"),
+                           on_progress=lambda n, r, ev: view.progress(n, r, ev,
+                                                                      "proof of trial"))
+
+
+def _report(plan: Plan, out: Console) -> None:
+    """The HTML/Markdown report; a failure here must never lose the study."""
+    try:
+        from autotune.report import write_report
+
+        paths = write_report(plan.name, plan.storage, plan.settings.out_dir)
+    except Exception as exc:  # the study and recommendation are already saved
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        err_console.print(f"warning: no report written ({type(exc).__name__}: {first}); "
+                          f"the study is saved: run autotune report --study-name {plan.name}",
+                          soft_wrap=True)
+        return
+    html, md = getattr(paths, "html", None), getattr(paths, "markdown", None)
+    out.print(f"wrote report {html} and {md}", soft_wrap=True)
+
+
+def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: Console
+               ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    from dataclasses import replace
+
+    from autotune.backends.sim import SimBackend
+    from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
+
+    sim = SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
+                  timeout_s=None, budget_s=None)
+    run = run_study(pre, sim, load_plan, storage=storage)
+    picks = prescreen_enqueue(rows_from_study(run.study), plan.space,
+                              top_k=o.top_k)
+    out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
+              f"measuring the top {len(picks)} configs first, each at its predicted "
+              "ceiling", soft_wrap=True)
+    return picks
+
+
+def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
+    """The study's twin (``--twin``), starting from its prior profile; None without."""
+    if plan.twin_prior is None:
+        return None
+    from autotune.sim.profiles import load_hardware, load_model
+    from autotune.study.study_twin import PROFILE_FILE, StudyTwin
+
+    twin = StudyTwin.for_study(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
+                               model=load_model(plan.sim_model), settings=plan.settings,
+                               plan=load_plan, candidates=o.twin_candidates)
+    out.print(f"twin: the simulator on {plan.gpus}x{plan.twin_prior}, {plan.sim_model} "
+              "learns this server: after each trial its profile is refitted to every load "
+              f"test so far ({plan.settings.out_dir / PROFILE_FILE}), the next trial is "
+              f"its best of {o.twin_candidates} simulated trials, and each trial starts at "
+              "its predicted ceiling (predictions simulated, load tests measured)",
+              soft_wrap=True)
+    return twin
+
+
+def _twin_hooks(twin: Any, out: Console) -> dict[str, Any]:
+    """``run_study``'s twin hooks, printing what the twin learns and picks."""
+    if twin is None:
+        return {}
+
+    def say(text: str) -> None:
+        out.print(text, soft_wrap=True, highlight=False)
+
+    def warn(text: str) -> None:
+        err_console.print(text, soft_wrap=True)
+
+    return twin.hooks(say=say, warn=warn)
+
+
+def _views(study: Any) -> list[Any]:
+    from autotune.analysis.recommend import view_of
+    from autotune.tuning.record import stored_trials
+
+    return [view_of(t) for t in stored_trials(study)]
+
+
+def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
+    """When no config met the SLO: is a limit missed even where a config kept up with
+    the load (so a lower rate cannot help)?  From each trial's lowest-rate test."""
+    from autotune.tuning.floor import LightTest, advice, floors, light_tests_of
+    from autotune.tuning.record import stored_trials
+
+    trials = stored_trials(study)
+    tests = [LightTest.of(t.number, t.rate, t.evidence) for t in trials]
+    tests += [lt for t in trials for lt in light_tests_of(t.number, t.probes(trials))]
+    under = floors(slo, [t for t in tests if t is not None])
+    if not under:
+        return None
+    return advice(under, output_tokens=[r.output_tokens for r in load_plan.requests])
+
+
+def _rate_table(rec: Any, study: Any, backend: Any) -> None:
+    """The seed-style table for the recommended config, from its own trial's load tests
+    (the rate search) and the validation runs: no extra server time is spent."""
+    from autotune.analysis.recommend import table_row
+    from autotune.tuning.record import stored_trials
+
+    trials = stored_trials(study)
+    probes = next(t for t in trials if t.number == rec.best.trial).probes(trials)
+    measured = backend.mode != "virtual"
+    for p in sorted((p for p in probes if p.get("rate") is not None),
+                    key=lambda p: (p["rate"], p["index"])):
+        e2e = next((c for c in p.get("checks") or [] if c.get("label", "").endswith("e2e")),
+                   None) or {}
+        util = p.get("gpu_util")
+        # A failed test's cohort goodput is not one that holds (a test stopped once its
+        # fail was certain showed more than the ceiling's): only a pass has a goodput.
+        passed = p.get("verdict") == "pass"
+        row = table_row(p["rate"], goodput_tokens=(p.get("evidence") or {}).get(
+                            "goodput_tokens") if passed else None,
+                        p99_e2e_s=e2e.get("observed_s"),
+                        gpu_util_pct=None if util is None else 100.0 * util,
+                        feasible=p.get("verdict") == "pass",
+                        pruned_by=None if p.get("verdict") != "inconclusive"
+                        else "inconclusive", measured=measured)
+        row["phase"] = p.get("phase")
+        rec.table.append(row)
+    for run in (rec.validation or {}).get("runs") or []:
+        pct = run.get("percentiles") or {}
+        p99 = next((v for k, v in pct.items() if k.endswith("e2e")), None)
+        row = table_row(run["rate"], goodput_tokens=run.get("goodput_tokens")
+                        if run.get("verdict") == "pass" else None, p99_e2e_s=p99,
+                        gpu_util_pct=None,
+                        feasible=run.get("verdict") == "pass", pruned_by=None,
+                        measured=measured)
+        row["phase"] = "validation"
+        rec.table.append(row)
+    rec.table_how = (("Measured" if measured else "Simulated (virtual time)")
+                     + f": the load tests of trial {rec.best.trial}'s rate search (each sized by "
+                     "time and stopped when its steady-state verdict was certain) and the "
+                     "validation runs at the cap. Goodput tok/s: output tokens of the judged "
+                     "requests that met the SLO per second of their arrivals, the "
+                     "steady-state figure the trial's value is; '-' where the test did "
+                     "not pass, as a goodput that does not hold is none.")
+
+
+def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console, *,
+                  proof: Any = None, deadline_s: float | None = None) -> None:
+    """The recommended config at its cap for ``--validate`` (the seed's 5 minutes);
+    with its ``proof`` (a CeilingResult), each run pools the proof's tests at or above
+    its rate, as that search's own tests do.  ``deadline_s`` (the backend's server_s
+    clock): the --budget's end, where a run is cut and no further run starts."""
+    from dataclasses import replace
+
+    from autotune.tuning.ceiling import lent_evidence, search_steady
+    from autotune.tuning.validation import validate_cap
+
+    if deadline_s is not None:
+        load_plan = replace(load_plan, deadline_s=deadline_s)
+    if proof is not None and load_plan.steady is not None:
+        load_plan = replace(load_plan, steady=search_steady(load_plan.steady,
+                                                            plan.settings.max_probes))
+
+    how = "virtual time" if backend.mode == "virtual" else "real time"
+    duration_s = float(plan.validate_s or 300.0)
+    out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
+              f"{duration_s / 60:g} min ({how}); a failed run steps the cap down 5%",
+              soft_wrap=True)
+    from autotune.study.study import append_load_test
+
+    val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
+                       duration_s=duration_s,
+                       prior_for=None if proof is None
+                       else (lambda rate: lent_evidence(proof.probes, rate)),
+                       on_result=lambda res: append_load_test(
+                           plan.settings.out_dir, plan.name, rec.best.trial, res,
+                           "validation"),
+                       on_run=lambda r: out.print(
+                           f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
+                           soft_wrap=True, highlight=False))
+    rec.validation = val.to_dict()
+    rec.rate_cap = None if val.rate is None else round(val.rate, 2)
+    rec.notes.append(val.sentence())
+
+
+def _print(out: Console, rec: Any, folder: Path) -> None:
+    from autotune.analysis.recommend import flags_line
+
+    b = rec.best
+    out.print()
+    out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
+              soft_wrap=True)
+    out.print(f"  goodput {b.goodput_tokens:,.0f} output tok/s ({b.goodput_requests:.2f} "
+              f"req/s) at {b.rate:.2f} req/s, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
+              f"{b.attainment:.1%}", soft_wrap=True)
+    if b.predicted:
+        p = b.predicted
+        # A figure the prediction lacks is left out, never printed as 0.
+        p99 = (f", P99 {p['p99_e2e_s']:.2f} s" if p.get("p99_e2e_s") else "")
+        out.print(f"  predicted by {p.get('by') or 'the simulator pre-screen'}: ceiling "
+                  f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
+                  f"{p.get('goodput_tokens') or 0:,.0f} tok/s{p99}"
+                  " (simulated) vs measured above", soft_wrap=True)
+    ratio = rec.vs_baseline.get("objective_ratio")
+    base = rec.baseline
+    if base is not None and rec.vs_baseline.get("same_config"):
+        out.print(f"  vs vLLM defaults: {rec.vs_baseline['note']}", soft_wrap=True)
+    elif base is not None:
+        verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
+                   else rec.vs_baseline.get("note", ""))
+        out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
+                  f"{base.rate:.2f} req/s): {verdict}", soft_wrap=True)
+        if rec.vs_baseline.get("equal_gpus_note"):
+            out.print(f"  vs vLLM defaults on equal GPUs: {rec.vs_baseline['equal_gpus_note']}",
+                      soft_wrap=True)
+        ceil_ratio = rec.vs_baseline.get("goodput_ratio_at_ceilings")
+        if ceil_ratio is not None:
+            out.print(f"  vs vLLM defaults at their own ceiling "
+                      f"({rec.vs_baseline['baseline_ceiling_rate']:.2f} req/s, "
+                      f"{rec.vs_baseline['baseline_ceiling_goodput_tokens']:,.0f} tok/s, "
+                      f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
+        elif rec.vs_baseline.get("baseline_ceiling_note"):
+            out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
+    why = ("its ceiling: the highest rate whose steady-state load test passed in its "
+           "trial's rate search")
+    if rec.validation is not None:
+        out.print("  " + str(rec.validation.get("sentence")), soft_wrap=True, highlight=False)
+    if rec.rate_cap is None:
+        out.print(f"  [bold red]no rate cap:[/] no validation run passed at or below "
+                  f"{b.max_feasible_rate:.2f} req/s", soft_wrap=True)
+    else:
+        out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
+                  f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why}"
+                  + (", then validated" if rec.validation and rec.validation.get("passed")
+                     else "") + ")", soft_wrap=True)
+    out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
+    for p in rec.next_best:
+        out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
+                  f"{p.goodput_tokens:,.0f} tok/s, P99 {p.p99_e2e_s:.2f} s", soft_wrap=True)
+    if rec.table:
+        t = Table(title="recommended config across rates", caption=rec.table_how,
+                  title_justify="left", caption_justify="left")
+        for col in ("rate (req/s)", "goodput tok/s", "P99 e2e (s)", "GPU util", "verdict"):
+            t.add_column(col, justify="left" if col == "verdict" else "right")
+        for row in rec.table:
+            gpu = row.get("gpu_util_pct")
+            t.add_row(f"{row['rate']:.4g}",
+                      "-" if row["goodput_tokens"] is None
+                      else f"{row['goodput_tokens']:,.0f}",
+                      "-" if row["p99_e2e_s"] is None else f"{row['p99_e2e_s']:.1f}",
+                      "-" if gpu is None else f"{gpu:.0f}%"
+                      + (" (sim)" if row["source"] == "simulated" else ""),
+                      row["verdict"])
+        out.print(t)
+    for note in rec.notes:
+        out.print(f"note: {note}", soft_wrap=True)
+    out.print(f"wrote {folder / 'recommendation.json'} and {folder / 'recommendation.md'}",
+              soft_wrap=True)

@@ -1,0 +1,429 @@
+"""Where a study lives: SQLite, PostgreSQL/MySQL (with heartbeats), or a journal file.
+
+``open_storage(url)`` is the one way every command opens a study's storage:
+
+* ``sqlite:///studies/NAME.db`` (the default; one host);
+* ``postgresql://user@host/db`` or ``mysql://...``: Optuna's ``RDBStorage`` with
+  heartbeats, so a worker killed with ``kill -9`` leaves its trial RUNNING only until
+  the grace period passes; then the trial is FAILED and retried once
+  (``RetryHeartbeatStaleTrialCallback(max_retry=1)``).  ``pool_pre_ping`` replaces
+  connections the database dropped;
+* ``journal:PATH``: Optuna's ``JournalStorage`` on a file, for clusters with a shared
+  filesystem (NFS) and no database.
+
+Every storage call is retried with backoff while the database is unreachable, so a
+database that drops for a few seconds costs a pause, not the worker.  A URL's password
+is never printed: :func:`mask_url` shows ``postgresql://user:***@host/db``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Container, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.storages import BaseStorage
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.core.errors import AutotuneError
+from autotune.study.optuna_adapter import FrozenStudy, HeartbeatRelay, cached_rdb, heartbeat_rdb
+from autotune.study.optuna_adapter import heartbeat_enabled as heartbeat_enabled
+from autotune.study.study import StudyError
+
+log = logging.getLogger("autotune.study.storage")
+
+DEFAULT_HEARTBEAT_S = 60
+DEFAULT_GRACE_S = 180
+DEFAULT_RETRY_S = 120.0  # how long a storage call keeps retrying an unreachable database
+SERVER_SCHEMES = ("postgresql", "postgres", "mysql", "mariadb")
+
+
+class StorageError(StudyError, AutotuneError):
+    """The storage cannot be opened or reached; the message never holds a password."""
+
+
+# ----------------------------------------------------------------------------- secrets
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)@")
+
+
+def mask_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
+
+
+def url_password(url: str) -> str | None:
+    m = _URL_PASSWORD.search(url)
+    return m.group("pw") if m and m.group("pw") else None
+
+
+def scrub(text: str, url: str | None = None) -> str:
+    """``text`` with every URL password masked, and ``url``'s password wherever it
+    appears (driver errors sometimes quote it)."""
+    text = mask_url(text)
+    pw = url_password(url) if url else None
+    if pw:
+        from urllib.parse import unquote
+
+        for secret in {pw, unquote(pw)}:
+            if len(secret) >= 3:
+                text = text.replace(secret, "***")
+    return text
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+def storage_kind(url: str) -> str:
+    """``"sqlite"``, ``"server"`` (PostgreSQL/MySQL), ``"journal"`` or ``"other"``."""
+    if url.startswith("journal:"):
+        return "journal"
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    if scheme == "sqlite":
+        return "sqlite"
+    if scheme in SERVER_SCHEMES:
+        return "server"
+    return "other"
+
+
+def _normalise(url: str) -> str:
+    """Heroku-style ``postgres://`` to ``postgresql://``, and a driver that is installed
+    when the URL names none (SQLAlchemy 2.1 defaults to psycopg 3; we ship psycopg2)."""
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://"):
+        import importlib.util
+
+        for module, driver in (("psycopg2", "psycopg2"), ("psycopg", "psycopg")):
+            if importlib.util.find_spec(module) is not None:
+                return f"postgresql+{driver}://" + url[len("postgresql://"):]
+    return url
+
+
+# ----------------------------------------------------------------------------- retries
+
+
+_FINAL = ("password authentication failed", "no password supplied", "does not exist",
+          "permission denied", "access denied")
+
+
+def transient(exc: BaseException) -> bool:
+    """True when ``exc`` means "the database is unreachable right now"."""
+    if any(text in str(exc).lower() for text in _FINAL):
+        return False  # a wrong password or database name does not heal by waiting
+    try:
+        from sqlalchemy import exc as sa_exc
+    except ImportError:  # pragma: no cover - sqlalchemy comes with optuna
+        return False
+    if isinstance(exc, optuna.exceptions.StorageInternalError):
+        # RDBStorage wraps every SQLAlchemy error in this; the cause says which.
+        # Bad data (integrity, value too long, SQL) fails again; anything else about the
+        # connection or session (closed, invalidated, pending rollback) heals on retry.
+        cause = exc.__cause__ or exc.__context__
+        if cause is None:
+            return False
+        bad = (sa_exc.IntegrityError, sa_exc.DataError, sa_exc.ProgrammingError,
+               sa_exc.NotSupportedError)
+        return not isinstance(cause, bad) and isinstance(cause, sa_exc.SQLAlchemyError)
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return True
+    if isinstance(exc, sa_exc.StatementError) and exc.orig is not None:
+        return transient(exc.orig)
+    name = type(exc).__name__
+    return name in ("OperationalError", "InterfaceError") and "psycopg" in type(exc).__module__
+
+
+def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "storage call",
+                    retry_s: float = DEFAULT_RETRY_S, first_delay_s: float = 0.25,
+                    max_delay_s: float = 5.0, url: str | None = None,
+                    sleep: Callable[[float], None] = time.sleep, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, retried with exponential backoff while the database is
+    unreachable, for up to ``retry_s`` seconds; other errors pass through at once."""
+    deadline = time.monotonic() + retry_s
+    delay = first_delay_s
+    attempt = 0
+    while True:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if not transient(exc) or time.monotonic() + delay > deadline:
+                raise
+            attempt += 1
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            # One line says it is retrying and for how long; the error, if it stays
+            # down, is the caller's one line.  A line per attempt was nine lines of the
+            # same refusal over 32 s.
+            log.log(logging.WARNING if attempt == 1 else logging.DEBUG,
+                    "database unreachable during %s: %s; retrying for up to %.0f s",
+                    what, scrub(first, url), max(deadline - time.monotonic(), 0.0))
+            sleep(delay)
+            delay = min(delay * 2, max_delay_s)
+
+
+# What two processes creating Optuna's schema in one new database at the same moment
+# get: both CREATE TABLE (PostgreSQL's catalogue has one row per type name), or both
+# stamp alembic's version.  The loser finds the schema there when it tries again.
+_SCHEMA_RACE = ("pg_type_typname_nsp_index", "alembic_version", "already exists",
+                "duplicate key value violates unique constraint", "Duplicate entry",
+                "UNIQUE constraint failed")
+
+
+def schema_race(exc: BaseException) -> bool:
+    """True when ``exc`` is another process creating the same schema at the same time."""
+    text = str(exc)
+    cause = exc.__cause__ or exc.__context__
+    if cause is not None:
+        text += " " + str(cause)
+    return any(marker in text for marker in _SCHEMA_RACE)
+
+
+def schema_race_retry(fn: Callable[[], Any], *, attempts: int = 8,
+                      sleep: Callable[[float], None] = time.sleep) -> Any:
+    """``fn()``, tried again while it loses a schema-creation race (see ``_SCHEMA_RACE``).
+
+    A random pause before each retry keeps the losers from colliding again."""
+    import random
+
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as exc:
+            if attempt == attempts or not schema_race(exc):
+                raise
+            log.info("storage schema created concurrently by another process (attempt %d); "
+                     "opening again", attempt)
+            sleep(random.uniform(0.05, 0.25) * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+class RetryingStorage(BaseStorage):
+    """Any Optuna storage (``inner``), each call retried with backoff while the database
+    is down.
+
+    Optuna's own retries cover a single dropped connection; a database restart takes
+    seconds, and a worker whose trial already cost minutes of GPU time should wait.
+    Every method of Optuna's storage API is written out, so a method Optuna adds is an
+    abstract method this class lacks (a TypeError at once), not a silent pass-through.
+    """
+
+    def __init__(self, inner: BaseStorage, *, url: str, retry_s: float = DEFAULT_RETRY_S
+                 ) -> None:
+        self.inner = inner
+        self.url = url
+        self.retry_s = retry_s
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return call_with_retry(fn, *args, what=what, retry_s=self.retry_s, url=self.url,
+                               **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {mask_url(self.url)}>"
+
+    def remove_session(self) -> None:
+        self.inner.remove_session()
+
+    # studies
+
+    def create_new_study(self, directions: Sequence[StudyDirection],
+                         study_name: str | None = None) -> int:
+        return self._call("create_new_study", self.inner.create_new_study, directions,
+                          study_name)
+
+    def delete_study(self, study_id: int) -> None:
+        self._call("delete_study", self.inner.delete_study, study_id)
+
+    def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call("set_study_user_attr", self.inner.set_study_user_attr, study_id, key,
+                   value)
+
+    def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
+        self._call("set_study_system_attr", self.inner.set_study_system_attr, study_id, key,
+                   value)
+
+    def get_study_id_from_name(self, study_name: str) -> int:
+        return self._call("get_study_id_from_name", self.inner.get_study_id_from_name,
+                          study_name)
+
+    def get_study_name_from_id(self, study_id: int) -> str:
+        return self._call("get_study_name_from_id", self.inner.get_study_name_from_id,
+                          study_id)
+
+    def get_study_directions(self, study_id: int) -> list[StudyDirection]:
+        return self._call("get_study_directions", self.inner.get_study_directions, study_id)
+
+    def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("get_study_user_attrs", self.inner.get_study_user_attrs, study_id)
+
+    def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
+        return self._call("get_study_system_attrs", self.inner.get_study_system_attrs,
+                          study_id)
+
+    def get_all_studies(self) -> list[FrozenStudy]:
+        return self._call("get_all_studies", self.inner.get_all_studies)
+
+    # trials
+
+    def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None
+                         ) -> int:
+        return self._call("create_new_trial", self.inner.create_new_trial, study_id,
+                          template_trial)
+
+    def set_trial_param(self, trial_id: int, param_name: str, param_value_internal: float,
+                        distribution: BaseDistribution) -> None:
+        self._call("set_trial_param", self.inner.set_trial_param, trial_id, param_name,
+                   param_value_internal, distribution)
+
+    def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int
+                                                ) -> int:
+        return self._call("get_trial_id_from_study_id_trial_number",
+                          self.inner.get_trial_id_from_study_id_trial_number, study_id,
+                          trial_number)
+
+    def get_trial_number_from_id(self, trial_id: int) -> int:
+        return self._call("get_trial_number_from_id", self.inner.get_trial_number_from_id,
+                          trial_id)
+
+    def get_trial_param(self, trial_id: int, param_name: str) -> float:
+        return self._call("get_trial_param", self.inner.get_trial_param, trial_id,
+                          param_name)
+
+    def set_trial_state_values(self, trial_id: int, state: TrialState,
+                               values: Sequence[float] | None = None) -> bool:
+        return self._call("set_trial_state_values", self.inner.set_trial_state_values,
+                          trial_id, state, values)
+
+    def set_trial_intermediate_value(self, trial_id: int, step: int,
+                                     intermediate_value: float) -> None:
+        self._call("set_trial_intermediate_value", self.inner.set_trial_intermediate_value,
+                   trial_id, step, intermediate_value)
+
+    def set_trial_user_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call("set_trial_user_attr", self.inner.set_trial_user_attr, trial_id, key,
+                   value)
+
+    def set_trial_system_attr(self, trial_id: int, key: str, value: Any) -> None:
+        self._call("set_trial_system_attr", self.inner.set_trial_system_attr, trial_id, key,
+                   value)
+
+    def get_trial(self, trial_id: int) -> FrozenTrial:
+        return self._call("get_trial", self.inner.get_trial, trial_id)
+
+    def get_all_trials(self, study_id: int, deepcopy: bool = True,
+                       states: Container[TrialState] | None = None) -> list[FrozenTrial]:
+        return self._call("get_all_trials", self.inner.get_all_trials, study_id,
+                          deepcopy=deepcopy, states=states)
+
+    def get_n_trials(self, study_id: int,
+                     state: tuple[TrialState, ...] | TrialState | None = None) -> int:
+        return self._call("get_n_trials", self.inner.get_n_trials, study_id, state)
+
+    def get_best_trial(self, study_id: int) -> FrozenTrial:
+        return self._call("get_best_trial", self.inner.get_best_trial, study_id)
+
+    def get_trial_params(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_params", self.inner.get_trial_params, trial_id)
+
+    def get_trial_user_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_user_attrs", self.inner.get_trial_user_attrs, trial_id)
+
+    def get_trial_system_attrs(self, trial_id: int) -> dict[str, Any]:
+        return self._call("get_trial_system_attrs", self.inner.get_trial_system_attrs,
+                          trial_id)
+
+    def check_trial_is_updatable(self, trial_id: int, trial_state: TrialState) -> None:
+        # Optuna's base raises UpdateFinishedTrialError from the state it is given: no
+        # storage call to retry.
+        self.inner.check_trial_is_updatable(trial_id, trial_state)
+
+
+class RetryingHeartbeatStorage(RetryingStorage, HeartbeatRelay):
+    """:class:`RetryingStorage` for a storage with heartbeats (RDB): Optuna sees a
+    heartbeat storage and records heartbeats and fails stale trials through it."""
+
+
+# ----------------------------------------------------------------------------- open
+
+
+def open_storage(
+    url: str,
+    *,
+    heartbeat_interval: int | None = DEFAULT_HEARTBEAT_S,
+    grace_period: int | None = DEFAULT_GRACE_S,
+    max_retry: int = 1,
+    retry_s: float = DEFAULT_RETRY_S,
+) -> BaseStorage:
+    """The Optuna storage for ``url`` (see the module docstring), or a
+    :class:`StorageError` whose message names the URL masked.
+
+    Heartbeats apply to PostgreSQL/MySQL only: SQLite is one host (the study's own
+    stale-trial check covers it) and Optuna's journal storage has none.
+    """
+    shown = mask_url(url)
+    url = _normalise(url)
+    kind = storage_kind(url)
+    if kind == "journal":
+        return _open_journal(url[len("journal:"):], shown)
+    if kind == "sqlite":
+        from autotune.study.study import open_storage as open_sqlite
+
+        return open_sqlite(url)
+    if kind != "server":
+        raise StorageError(f"unsupported storage {shown}: use sqlite:///PATH, "
+                           "postgresql://USER@HOST/DB, mysql://USER@HOST/DB or journal:PATH")
+    if heartbeat_interval is not None and heartbeat_interval < 1:
+        raise StorageError(f"--heartbeat-interval must be >= 1 s, got {heartbeat_interval}")
+    if grace_period is not None and heartbeat_interval is not None and (
+            grace_period <= heartbeat_interval):
+        raise StorageError(f"--grace-period ({grace_period} s) must exceed "
+                           f"--heartbeat-interval ({heartbeat_interval} s), or a live "
+                           "worker's trial would be failed between two heartbeats")
+    def connect() -> BaseStorage:
+        rdb = heartbeat_rdb(url, heartbeat_interval=heartbeat_interval,
+                            grace_period=grace_period, max_retry=max_retry,
+                            engine_kwargs={"pool_pre_ping": True})
+        return cached_rdb(rdb)
+
+    try:
+        inner = call_with_retry(schema_race_retry, connect, what="connect",
+                                retry_s=min(retry_s, 30.0), url=url)
+    except ImportError:
+        driver = "psycopg2-binary" if url.startswith("postgres") else "PyMySQL"
+        raise StorageError(f"cannot open storage {shown}: the database driver is not "
+                           f"installed; pip install {driver}") from None
+    except Exception as exc:
+        raise StorageError(f"cannot open storage {shown}: {_first_line(exc, url)}") from None
+    out = RetryingHeartbeatStorage(inner, url=url, retry_s=retry_s)
+    if heartbeat_interval is not None:  # Optuna's own default grace: two intervals
+        out.grace_s = float(grace_period or 2 * heartbeat_interval)
+    return out
+
+
+def _open_journal(path_text: str, shown: str) -> BaseStorage:
+    if not path_text:
+        raise StorageError("journal storage needs a file: journal:PATH (e.g. "
+                           "journal:/nfs/studies/NAME.log)")
+    path = Path(path_text)
+    if not path.resolve().parent.is_dir():
+        raise StorageError(f"cannot open storage {shown}: folder {path.resolve().parent} "
+                           "does not exist")
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except OSError as exc:
+        raise StorageError(f"cannot open storage {shown}: {exc.strerror or exc}") from None
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    return scrub(first, url)

@@ -1,0 +1,202 @@
+"""``autotune calibrate``: bring your own server into the twin.
+
+Runs calibration load shapes against one server config and fits the simulator's
+profile to what they measured (:func:`autotune.tuning.twin.fit_twin`):
+
+1. a saturation test: every request at once, which shows the service rate;
+2. Poisson tests at fractions of that service rate (``loads``, default 0.5 and 0.8),
+   which show latency below the knee, where queueing is light.
+
+Each test is a fixed number of requests after a warm-up, on the same requests (common
+random numbers).  The profile is written as a ``hardware.*.yaml`` that
+``load_hardware`` reads, so the simulator, ``--prescreen sim``, ``search --twin-prior``
+and ``bench --backend sim --profile PATH.yaml`` use it.  Figures of the fitted profile
+are simulated; the tests it is fitted to are measured.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from autotune.core.errors import AutotuneError
+
+DEFAULT_LOADS = (0.5, 0.8)
+
+
+class CalibrationError(AutotuneError, ValueError):
+    """The calibration cannot run or fit as asked; the message says what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrateOptions:
+    """What ``autotune calibrate`` takes (and the library call)."""
+
+    profile: str
+    out: Path
+    json_path: Path | None = None
+    gpus: int | None = None
+    url: str | None = None
+    model: str | None = None
+    vllm_cmd: str = "vllm serve"
+    vllm_env: tuple[str, ...] = ()
+    flags: Mapping[str, Any] = field(default_factory=dict)  # the server config
+    num_prompts: int = 1000  # as vLLM's `vllm bench serve` and every autotune command
+    warmup: int = 100
+    loads: tuple[float, ...] = DEFAULT_LOADS
+    seed: int = 0
+    dataset: str = "sharegpt"
+    input_len: int = 256
+    output_len: int = 128
+    max_model_len: int | None = None
+    tokenizer: str | None = None
+    studies_dir: Path = Path("studies")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flags", dict(self.flags))
+        object.__setattr__(self, "loads", tuple(self.loads))
+        object.__setattr__(self, "vllm_env", tuple(self.vllm_env or ()))
+
+
+def parse_loads(text: str) -> tuple[float, ...]:
+    """``"0.5,0.8"`` -> (0.5, 0.8): fractions of the saturated service rate."""
+    try:
+        loads = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise CalibrationError(f"--loads {text!r}: give fractions of the service rate "
+                               "separated by commas, e.g. 0.5,0.8") from None
+    if not loads or any(not (0 < x <= 1.5 and math.isfinite(x)) for x in loads):
+        raise CalibrationError(f"--loads {text!r}: each load must be above 0 and at most 1.5 "
+                               "times the service rate, e.g. 0.5,0.8")
+    return loads
+
+
+def _check(o: CalibrateOptions) -> None:
+    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
+                             ("--input-len", o.input_len, 1),
+                             ("--output-len", o.output_len, 1)):
+        if value < low:
+            raise CalibrationError(f"{name} must be at least {low}, got {value}")
+    if o.gpus is not None and o.gpus < 1:
+        raise CalibrationError(f"--gpus must be at least 1, got {o.gpus}")
+    if not o.url and not o.model:
+        raise CalibrationError("no server: pass --url of a running server, or --model (and "
+                               "--vllm-cmd) for autotune to start one")
+    if o.dataset not in ("sharegpt", "synthetic"):
+        raise CalibrationError(f"unknown --dataset {o.dataset!r}; use sharegpt or synthetic")
+
+
+def _prior(o: CalibrateOptions) -> tuple[Any, Any]:
+    from autotune.sim.profiles import ProfileError, load_hardware, load_model
+    from autotune.tuning.options import parse_profile
+
+    hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
+    try:
+        return load_hardware(f"{count}x{hw}"), load_model(mdl)
+    except (ProfileError, OSError, ValueError) as exc:
+        raise CalibrationError(f"--profile {o.profile}: {exc}") from None
+
+
+def run_calibration(o: CalibrateOptions) -> int:
+    """Run the load shapes, fit, write the profile; the exit code (0)."""
+    from autotune.backends.factory import server_backend
+    from autotune.core.files import check_writable, write_json
+    from autotune.core.slo import combine
+    from autotune.core.terminal import console
+    from autotune.tuning.ceiling import BackendProbe
+    from autotune.tuning.options import parse_env
+    from autotune.tuning.twin import TwinError, fit_twin, observation_of, write_twin
+
+    _check(o)
+    check_writable(o.out, "--out")
+    check_writable(o.json_path, "--json")
+    prior, model = _prior(o)
+    env = parse_env(list(o.vllm_env))
+    kind = "attach" if o.url else "vllm"
+    # An attached server runs the config it was started with: --param describes it to
+    # the twin and is not sent anywhere.
+    launch = {} if kind == "attach" else dict(o.flags)
+    backend, where = server_backend(kind, launch, url=o.url, model=o.model,
+                                    vllm_cmd=o.vllm_cmd, env=env,
+                                    log_dir=o.studies_dir / "calibrate" / "logs")
+    out = console
+    try:
+        wl = _workload(o)
+        # Fixed-count tests, never pruned: the limit only labels a verdict nobody reads.
+        probe = BackendProbe(backend, launch, combine("3600s", None), list(wl.requests),
+                             warmup=o.warmup, seed=o.seed, prune=False, steady=None)
+        out.print(f"calibrating {prior.name} ({model.name}) against {where}, config "
+                  f"{dict(o.flags) or 'the defaults'}; workload {wl.source} "
+                  f"({o.num_prompts} measured requests per test after {o.warmup} warm-up, "
+                  f"tokens counted with {wl.tokenizer}); shapes: all at once, then "
+                  f"{', '.join(f'{x:g}' for x in o.loads)} x the service rate",
+                  soft_wrap=True)
+        shapes: list[float] = [math.inf]
+        sat = probe(math.inf, o.num_prompts)
+        service = sat.summary.request_throughput
+        if not service > 0:
+            raise CalibrationError(f"the saturation test on {where} completed no request: "
+                                   "is the server healthy?")
+        out.print(f"  all at once: {service:.3g} req/s, {sat.summary.output_throughput:,.0f} "
+                  f"output tok/s ({sat.summary.num_completed} completed; measured)",
+                  soft_wrap=True, highlight=False)
+        for load in o.loads:
+            rate = load * service
+            shapes.append(rate)
+            r = probe(rate, o.num_prompts)
+            out.print(f"  {load:g} x = {rate:.3g} req/s: P50 e2e {r.summary.e2e.p50:.3g} s, "
+                      f"mean TTFT {r.summary.ttft.mean * 1000:.0f} ms, "
+                      f"{r.summary.output_throughput:,.0f} output tok/s "
+                      f"({r.summary.num_completed} completed; measured)",
+                      soft_wrap=True, highlight=False)
+    finally:
+        backend.close()
+    tests = []
+    for i, rate in enumerate(shapes):
+        try:
+            obs = observation_of(probe, probe.results[i], rate=rate,
+                                 num_prompts=o.num_prompts,
+                                 label="saturation" if math.isinf(rate) else "poisson")
+        except TwinError as exc:  # said, never silently dropped
+            out.print(f"  not fitted: {exc}", soft_wrap=True, highlight=False)
+            continue
+        tests.append(replace(obs, flags=dict(o.flags)))
+    try:
+        fit = fit_twin(tests, prior, model, name=f"{prior.name}-calibrated")
+    except TwinError as exc:
+        raise CalibrationError(f"cannot fit {prior.name} to these tests: {exc}") from None
+    header = [f"Written by autotune calibrate against {where}, config "
+              f"{dict(o.flags) or 'the defaults'}; workload {wl.source}, "
+              f"{o.num_prompts} requests per test after {o.warmup} warm-up."]
+    write_twin(fit, o.out, header=header)
+    for t in fit.tests:
+        errs = ", ".join(f"{n} {e:+.1%}" for n, e in t.errors().items())
+        prior_errs = ", ".join(f"{e:+.0%}" for e in t.errors("prior").values())
+        out.print(f"  fit, {t.label}: {errs} (prior: {prior_errs}); simulated vs measured",
+                  soft_wrap=True, highlight=False)
+    for f in fit.factors:
+        state = ("held at 1: " + f.note) if not f.fitted else (
+            f"x{f.value:.3g} (95% {f.low:.3g}..{f.high:.3g})"
+            + ("" if f.identified else "; not identified: " + f.note))
+        out.print(f"  {f.name}: {state}", soft_wrap=True, highlight=False)
+    out.print(f"wrote {o.out} (RMS log error {fit.rms_log_error:.3f} over {len(fit.tests)} "
+              f"tests, in-sample; use it as --profile {o.out}:{model.name})", soft_wrap=True)
+    if o.json_path is not None:
+        write_json(o.json_path, {"where": where, "config": dict(o.flags),
+                                 "workload": wl.source, "fit": fit.to_dict()})
+        out.print(f"wrote {o.json_path}")
+    return 0
+
+
+def _workload(o: CalibrateOptions) -> Any:
+    from autotune.tuning.options import DEFAULT_CONTEXT
+    from autotune.workload.sources import pool_workload
+
+    return pool_workload(
+        dataset=o.dataset, tokenizer_path=o.tokenizer, url=o.url, model=o.model,
+        total=o.num_prompts + o.warmup, seed=o.seed, input_len=o.input_len,
+        output_len=o.output_len,
+        context=o.max_model_len or int(o.flags.get("max_model_len") or DEFAULT_CONTEXT))

@@ -1,0 +1,1 @@
+"""What a load test sends: arrival schedules, request sources, token counting."""

@@ -41,11 +41,11 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from autotune.backends.base import LoadPlan  # noqa: E402
+from autotune.backends.sim import SimBackend  # noqa: E402
 from autotune.core.files import atomic_write, json_safe  # noqa: E402
 from autotune.sim.profiles import HardwareProfile, load_hardware, load_model  # noqa: E402
 from autotune.study.study import rate_bounds  # noqa: E402
 from autotune.tuning.ceiling import BackendProbe, find_ceiling  # noqa: E402
-from autotune.tuning.trial import SimBackend  # noqa: E402
 from autotune.tuning.twin import (  # noqa: E402
     ObservedTest,
     TwinFit,

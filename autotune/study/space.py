@@ -458,8 +458,9 @@ def _parse_param(name: str, spec: Any, fail: Callable[[str, str], SpaceError]) -
 
 def search_dirs() -> list[Path]:
     """Where names are looked up: the repo's ``search_spaces/``, then the cwd's."""
-    here = Path(__file__).resolve().parent
-    dirs = [here.parent / "search_spaces", here / "search_spaces", Path.cwd() / "search_spaces"]
+    package = Path(__file__).resolve().parents[1]  # autotune/, this file's package's parent
+    dirs = [package.parent / "search_spaces", package / "search_spaces",
+            Path.cwd() / "search_spaces"]
     seen: list[Path] = []
     for d in dirs:
         if d not in seen:

@@ -23,6 +23,7 @@ runner = CliRunner()
 SECRET = "hunter2pw"  # the password in every storage URL below; never to be printed
 SIM = ("--slo-p99", "10s", "--space", "cpu-tiny")  # a search that would run in seconds
 CAL = ("--profile", "cpu-tiny:tiny", "--out", "p.yaml")  # a calibration missing its server
+NOT_INT = "max_num_seqs='abc': vllm --max-num-seqs takes a whole number"  # names flag and type
 
 # Inputs a case may need, written into its folder first: name -> content.
 NOT_A_TOKENIZER = {"tok.json": "this is not a tokenizer\n"}
@@ -91,6 +92,13 @@ CASES: list[Case] = [
     ("bench-output-len-neg", ["bench", "--dataset", "synthetic", "--output-len", "-4"], {},
      "output-len"),
     ("bench-max-model-len-0", ["bench", "--max-model-len", "0"], {}, "max-model-len"),
+    ("bench-param-not-int", ["bench", "--backend", "sim", "--param", "max_num_seqs=abc"], {},
+     f"--param {NOT_INT}"),
+    ("bench-param-not-bool", ["bench", "--backend", "sim", "--param", "enforce_eager=maybe"],
+     {}, "--param enforce_eager='maybe': vllm --enforce-eager takes true or false"),
+    ("bench-param-not-number",
+     ["bench", "--backend", "sim", "--param", "gpu_memory_utilization=most"], {},
+     "--param gpu_memory_utilization='most': vllm --gpu-memory-utilization takes a number"),
     # With --model and --max-model-len given, the files are read before the server is
     # asked anything (without them, bench asks the server for its model's name and
     # context length first, and a dead server is the one line).
@@ -128,6 +136,12 @@ CASES: list[Case] = [
     ("ceiling-storage-password",
      ["ceiling", "--slo-p99", "10s", "--study", "s", "--trial", "0", "--storage", ODD], {},
      "storage"),
+    ("ceiling-param-not-int",
+     ["ceiling", "--backend", "sim", "--slo-p99", "10s", "--param", "max_num_seqs=abc"], {},
+     f"--param {NOT_INT}"),
+    ("ceiling-param-api-servers-not-int",  # one the simulator reads as an int
+     ["ceiling", "--backend", "sim", "--slo-p99", "10s", "--param", "api_server_count=x"], {},
+     "--param api_server_count='x': vllm --api-server-count takes a whole number"),
     ("ceiling-output-folder-is-a-file",
      ["ceiling", "--slo-p99", "10s", "--output", "plain.txt/r.json"], A_FILE, "plain.txt"),
     # -- sweep -------------------------------------------------------------------------
@@ -139,6 +153,12 @@ CASES: list[Case] = [
     ("sweep-num-prompts-0", ["sweep", "--rate", "1,2", "--num-prompts", "0"], {},
      "num-prompts"),
     ("sweep-param-no-values", ["sweep", "--param", "max_num_seqs="], {}, "max_num_seqs"),
+    ("sweep-param-not-int",
+     ["sweep", "--backend", "sim", "--rate", "1", "--param", "max_num_seqs=64,abc"], {},
+     f"--param {NOT_INT}"),
+    ("sweep-set-not-int",
+     ["sweep", "--backend", "sim", "--rate", "1,2", "--set", "max_num_seqs=abc"], {},
+     f"--set {NOT_INT}"),
     ("sweep-out-is-a-file", ["sweep", "--rate", "1,2", "--out", "plain.txt"], A_FILE,
      "plain.txt"),
     # -- report ------------------------------------------------------------------------
@@ -210,6 +230,9 @@ CASES: list[Case] = [
     ("calibrate-gpus-0", ["calibrate", *CAL, "--model", "m", "--gpus", "0"], {}, "gpus"),
     ("calibrate-bad-param", ["calibrate", *CAL, "--model", "m", "--param", "seqs"], {},
      "--param"),
+    ("calibrate-param-not-int",
+     ["calibrate", *CAL, "--model", "m", "--param", "max_num_seqs=abc"], {},
+     f"--param {NOT_INT}"),
     ("calibrate-out-folder", ["calibrate", "--profile", "cpu-tiny:tiny", "--out", "sub",
                               "--model", "m"], {"sub/keep.txt": "x"}, "folder"),
     ("calibrate-out-no-folder", ["calibrate", "--profile", "cpu-tiny:tiny", "--out",

@@ -130,6 +130,18 @@ def test_the_default_config_at_its_floor_answers_with_a_proof_whose_cap_holds(
     assert e2e["count"] == 8000 and e2e["p99"] <= 10.0
 
 
+def test_the_readme_tour_ceiling_prints_what_the_readme_quotes() -> None:
+    """The README's tour quotes `autotune ceiling --backend sim --slo-p99 11s` word for
+    word up to its ellipsis: a change that moves that answer fails here until the page
+    is rerun and updated."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    after = readme[readme.index("autotune ceiling --backend sim --slo-p99 11s"):]
+    quoted = after[after.index('"simulated: sustains') + 1:after.index("…")]
+    code, stdout, stderr = ceiling("--slo-p99", "11s")
+    assert code == 0, stderr
+    assert " ".join(quoted.split()) in " ".join(stdout.split())
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--tol", "0"], "--tol must be greater than 0"),
     (["--tol", "-0.1"], "--tol must be greater than 0"),

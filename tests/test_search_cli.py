@@ -85,9 +85,26 @@ def test_unreachable_postgres(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    code, _, err = search(tmp_path, "--slo-p99", "10s", "--storage",
-                          f"postgresql://u:p@127.0.0.1:{port}/db")
-    _bad(tmp_path, code, err, "cannot open storage")
+    import subprocess
+
+    # A real process: the retry line reaches the user through logging, which pytest
+    # would capture in-process.  The retry (up to 30 s) is kept: a starting database
+    # refuses connections too.
+    url = f"postgresql://u:hunter2@127.0.0.1:{port}/db"
+    res = subprocess.run([sys.executable, "-m", "autotune", "search", "--slo-p99", "10s",
+                          "--studies-dir", str(tmp_path / "studies"), "--storage", url],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "1000"})
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr and "hunter2" not in res.stdout + res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2, res.stderr  # once "retrying", then the error: not per attempt
+    assert lines[0].startswith("database unreachable during connect: "), lines[0]
+    assert "retrying for up to 30 s" in lines[0], lines[0]
+    shown = f"postgresql://u:***@127.0.0.1:{port}/db"
+    assert lines[1].startswith(f"error: cannot open storage {shown}: "), lines[1]
+    assert lines[1].count("cannot open storage") == 1, lines[1]
+    assert not (tmp_path / "studies").exists(), "a study was written on bad input"
 
 
 def test_search_screens_fast_and_proves_the_best_once(tmp_path: Path) -> None:
@@ -362,7 +379,7 @@ def test_bad_server_options_one_line(tmp_path: Path, args: list[str], needle: st
 
 def test_server_options_reach_vllm_server(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    import autotune.servers.vllm
+    import autotune.backends.factory
     from autotune.cli._common import UsageError
 
     seen: dict[str, object] = {}
@@ -372,7 +389,7 @@ def test_server_options_reach_vllm_server(tmp_path: Path,
             seen.update(kw, model=model)
             raise UsageError("recorded")
 
-    monkeypatch.setattr(autotune.servers.vllm, "VllmServer", Recorder)
+    monkeypatch.setattr(autotune.backends.factory, "VllmServer", Recorder)
     code, _, err = search(tmp_path, *SMALL, "--model", "/models/tiny", "--vllm-cmd",
                           "python -m vllm.entrypoints.openai.api_server --enforce-eager",
                           "--vllm-env", "VLLM_ENABLE_V1_MULTIPROCESSING=0", "--vllm-env",

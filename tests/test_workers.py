@@ -466,6 +466,83 @@ def test_a_worker_started_beside_its_search_waits_for_the_space(tmp_path: Path) 
     assert got == [(spec, False)]
 
 
+def test_a_worker_beside_a_search_waits_past_its_slo_and_joins_its_spec(tmp_path: Path
+                                                                        ) -> None:
+    """What `autotune search` writes, in its order: the study with its SLO and space name
+    first (open_study), then the spec workers run (run_study's attrs).  A worker without
+    --space that looked in between exited 2 ("stores no search space"); it now waits for
+    the spec, and the search's spec is one a worker can run."""
+    import threading
+
+    from autotune.search.pipeline import SearchOptions, _validate, _worker_spec
+    from autotune.study.storage import open_storage
+    from autotune.study.study import open_study
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    o = SearchOptions(slo_p99="10s", space="cpu-tiny", storage=url, study_name="S",
+                      n_trials=5, num_prompts=50, studies_dir=tmp_path / "studies")
+    plan = _validate(o)
+    storage = open_storage(url)
+    study = open_study(plan.settings, storage, None)  # the SLO, not yet the spec
+    assert "slo" in study.user_attrs and SPEC_ATTR not in study.user_attrs
+    waiting, got = threading.Event(), []
+
+    def worker() -> None:
+        try:
+            got.append(join_study(storage, "S", None, wait_s=60, poll_s=0.05,
+                                  say=lambda line: (got.append(line), waiting.set())))
+        except Exception as exc:  # the assertion below names it
+            got.append(exc)
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    assert waiting.wait(30), got
+    for key, value in _worker_spec(o, plan).items():
+        study.set_user_attr(key, value)
+    thread.join(30)
+    assert len(got) == 2 and "waiting up to 60 s for its search" in str(got[0]), got
+    spec, created = got[1]  # type: ignore[misc]
+    assert not created and spec.slo == str(plan.slo) and spec.n_trials == 5
+    assert spec.search_space().params.keys() == plan.space.params.keys()
+    from autotune.study.worker import build_plan
+
+    assert build_plan(spec).slo == plan.slo  # the worker can load its workload from it
+
+
+def test_a_worker_waiting_for_a_space_that_never_comes_gives_up_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import autotune.study.worker as worker_mod
+    from autotune.cli import app
+    from autotune.study.storage import open_storage
+    from autotune.study.worker import IncompatibleStudy
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    storage = open_storage(url)
+    storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], "never")
+    said: list[str] = []
+    with pytest.raises(IncompatibleStudy,
+                       match=r"^study 'never' stores no search space \(waited 0.2 s\): give "):
+        join_study(storage, "never", None, wait_spec_s=0.2, poll_s=0.05, say=said.append)
+    assert said == ["study 'never' exists; waiting up to 0.2 s for its search to record its "
+                    "search space and SLO"]
+    # Through the CLI: one progress line, then one error line and exit 2.  The spec wait's
+    # floor (15 s, for a creator between creating the study and writing its spec) is
+    # shortened so the test does not sit it out.
+    monkeypatch.setattr(worker_mod, "join_study",
+                        functools.partial(worker_mod.join_study, wait_spec_s=0.2))
+    r = CliRunner().invoke(app, ["worker", "--study", "never", "--storage", url,
+                                 "--wait", "0.1s", "--studies-dir", str(tmp_path / "out")])
+    out = [line for line in r.stdout.splitlines() if line.strip()]
+    err = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2, (r.stdout, r.stderr)
+    assert out == ["study 'never' exists; waiting up to 0.2 s for its search to record its "
+                   "search space and SLO"], r.stdout
+    assert len(err) == 1 and err[0].startswith(
+        "error: study 'never' stores no search space (waited 0.2 s)"), r.stderr
+
+
 # ----------------------------------------------------------------------------- no database
 
 

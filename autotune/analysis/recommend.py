@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.core.errors import AutotuneError
+from autotune.core.files import json_safe
 from autotune.study.space import CLIENT_PARAMS, serve_command
 from autotune.tuning.record import StoredTrial
 
@@ -119,20 +120,10 @@ class Recommendation:
     validation: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return _finite(asdict(self))
+        return json_safe(asdict(self))
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _pick(view: TrialView, views: Sequence[TrialView]) -> Pick:
@@ -413,6 +404,18 @@ def flags_line(flags: Mapping[str, Any]) -> str:
 
 
 def to_markdown(rec: Recommendation) -> str:
+    lines = [*_md_best(rec), *_md_baseline(rec), *_md_predicted(rec), *_md_ceilings(rec),
+             *_md_predictions(rec), *_md_rates(rec)]
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
+    lines += ["", f"Trials: {counts}."]
+    for note in rec.notes:
+        lines.append(f"Note: {note}.")
+    return "\n".join(lines) + "\n"
+
+
+def _md_best(rec: Recommendation) -> list[str]:
+    """What to deploy and at what rate cap, then the best config beside the next best:
+    the part a reader acts on, so it comes first."""
     b = rec.best
     lines = [
         "# autotune recommendation",
@@ -444,84 +447,112 @@ def to_markdown(rec: Recommendation) -> str:
             f"{_num(p.p99_e2e_s, '.2f')} | {_num(p.attainment, '.1%')} |")
     lines += ["", "The first row is the recommendation; the others are the next best "
               "configs (one row per config, its best trial).", ""]
+    return lines
+
+
+def _md_baseline(rec: Recommendation) -> list[str]:
+    """The recommendation against vLLM's defaults, at the baseline trial's rate and,
+    where measured, at the defaults' own ceiling (the fair comparison)."""
     base = rec.baseline
-    lines += ["## Against vLLM's defaults", ""]
+    lines = ["## Against vLLM's defaults", ""]
     if base is None:
         lines.append("No baseline trial.")
-    else:
+        return lines
+    lines.append(
+        f"Baseline (trial {base.number}, {flags_line(base.flags)} at "
+        f"{_num(base.rate, '.2f')} req/s): goodput {_num(base.goodput_tokens)} tok/s, "
+        f"P99 e2e {_num(base.p99_e2e_s, '.2f')} s, attainment "
+        f"{_num(base.attainment, '.1%')}, "
+        f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
+    ratio = rec.vs_baseline.get("objective_ratio")
+    if ratio is not None:
+        lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput"
+                     + (f" ({rec.vs_baseline['gpus']} GPUs vs "
+                        f"{rec.vs_baseline['baseline_gpus']})"
+                        if "gpus" in rec.vs_baseline else "") + ".")
+        if rec.vs_baseline.get("equal_gpus_note"):
+            lines.append(f"Compared fairly, {rec.vs_baseline['equal_gpus_note']}.")
+    elif rec.vs_baseline.get("note"):
+        lines.append(rec.vs_baseline["note"] + ".")
+    vs = rec.vs_baseline
+    if vs.get("goodput_ratio_at_ceilings") is not None:
         lines.append(
-            f"Baseline (trial {base.number}, {flags_line(base.flags)} at "
-            f"{_num(base.rate, '.2f')} req/s): goodput {_num(base.goodput_tokens)} tok/s, "
-            f"P99 e2e {_num(base.p99_e2e_s, '.2f')} s, attainment "
-            f"{_num(base.attainment, '.1%')}, "
-            f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
-        ratio = rec.vs_baseline.get("objective_ratio")
-        if ratio is not None:
-            lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput"
-                         + (f" ({rec.vs_baseline['gpus']} GPUs vs "
-                            f"{rec.vs_baseline['baseline_gpus']})"
-                            if "gpus" in rec.vs_baseline else "") + ".")
-            if rec.vs_baseline.get("equal_gpus_note"):
-                lines.append(f"Compared fairly, {rec.vs_baseline['equal_gpus_note']}.")
-        elif rec.vs_baseline.get("note"):
-            lines.append(rec.vs_baseline["note"] + ".")
-        vs = rec.vs_baseline
-        if vs.get("goodput_ratio_at_ceilings") is not None:
-            lines.append(
-                f"At equal footing, vLLM's defaults at their own ceiling "
-                f"({_num(vs.get('baseline_ceiling_rate'), '.2f')} req/s) give "
-                f"{_num(vs.get('baseline_ceiling_goodput_tokens'))} tok/s: the recommendation "
-                f"is {vs['goodput_ratio_at_ceilings']:.2f}x that "
-                f"({vs.get('baseline_ceiling_note', '')}).")
-        elif vs.get("baseline_ceiling_note"):
-            lines.append(vs["baseline_ceiling_note"] + ".")
-    if b.predicted:
-        told = b.predicted
-        lines += ["", f"## Predicted ({told.get('by') or 'the simulator pre-screen'}, "
-                  "simulated) vs measured", "",
-                  "| figure | predicted | measured |", "| --- | --- | --- |",
-                  f"| ceiling rate (req/s) | {_num(told.get('ceiling_rate'), '.2f')} | "
-                  f"{_num(b.max_feasible_rate, '.2f')} |",
-                  f"| goodput (tok/s) | {_num(told.get('goodput_tokens'))} | "
-                  f"{_num(b.goodput_tokens)} |",
-                  f"| P99 e2e (s) | {_num(told.get('p99_e2e_s'), '.2f')} | "
-                  f"{_num(b.p99_e2e_s, '.2f')} |"]
-    if rec.ceilings:
-        lines += ["", "## Refined ceilings", "",
-                  "The ceiling search on the best configs, from each trial's rate; the "
-                  "recommendation and its rate cap come from these.", ""]
-        for c in rec.ceilings:
-            lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
-                         f"({c.get('total_probes')} load tests, {c.get('source')})")
-    if rec.predictions:
-        lines += ["", "## Predicted (simulated) vs measured, trial by trial", "",
-                  "| trial | predicted by | config | predicted ceiling (req/s) | "
-                  "measured at (req/s) | "
-                  "predicted goodput (tok/s) | measured goodput (tok/s) | predicted P99 (s) "
-                  "| measured P99 (s) |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-        for r in rec.predictions:
-            p, m = r["predicted"], r["measured"]
-            lines.append(
-                f"| {r['trial']} | {p.get('by') or 'the simulator pre-screen'} | "
-                f"{flags_line(r['config']) or r['config']} | "
-                f"{_num(p.get('ceiling_rate'), '.2f')} | {_num(m.get('rate'), '.2f')} | "
-                f"{_num(p.get('goodput_tokens'))} | {_num(m.get('goodput_tokens'))} | "
-                f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
-    if rec.table:
-        lines += ["", "## The recommended config across rates", "", rec.table_how, "",
-                  "| rate (req/s) | goodput tok/s | P99 e2e (s) | GPU util | verdict |",
-                  "| --- | --- | --- | --- | --- |"]
-        for row in rec.table:
-            lines.append(
-                f"| {_num(row['rate'], '.1f')} | {_num(row['goodput_tokens'])} | "
-                f"{_num(row['p99_e2e_s'], '.1f')} | {_num(row.get('gpu_util_pct'), '.0f')}% | "
-                f"{row['verdict']} |")
-    counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
-    lines += ["", f"Trials: {counts}."]
-    for note in rec.notes:
-        lines.append(f"Note: {note}.")
-    return "\n".join(lines) + "\n"
+            f"At equal footing, vLLM's defaults at their own ceiling "
+            f"({_num(vs.get('baseline_ceiling_rate'), '.2f')} req/s) give "
+            f"{_num(vs.get('baseline_ceiling_goodput_tokens'))} tok/s: the recommendation "
+            f"is {vs['goodput_ratio_at_ceilings']:.2f}x that "
+            f"({vs.get('baseline_ceiling_note', '')}).")
+    elif vs.get("baseline_ceiling_note"):
+        lines.append(vs["baseline_ceiling_note"] + ".")
+    return lines
+
+
+def _md_predicted(rec: Recommendation) -> list[str]:
+    """The best config's simulated prediction beside its measurement (empty when it
+    was not predicted), so a reader sees how far the simulator can be trusted."""
+    b = rec.best
+    if not b.predicted:
+        return []
+    told = b.predicted
+    return ["", f"## Predicted ({told.get('by') or 'the simulator pre-screen'}, "
+            "simulated) vs measured", "",
+            "| figure | predicted | measured |", "| --- | --- | --- |",
+            f"| ceiling rate (req/s) | {_num(told.get('ceiling_rate'), '.2f')} | "
+            f"{_num(b.max_feasible_rate, '.2f')} |",
+            f"| goodput (tok/s) | {_num(told.get('goodput_tokens'))} | "
+            f"{_num(b.goodput_tokens)} |",
+            f"| P99 e2e (s) | {_num(told.get('p99_e2e_s'), '.2f')} | "
+            f"{_num(b.p99_e2e_s, '.2f')} |"]
+
+
+def _md_ceilings(rec: Recommendation) -> list[str]:
+    """The refined ceilings the rate cap comes from (empty when none was searched)."""
+    if not rec.ceilings:
+        return []
+    lines = ["", "## Refined ceilings", "",
+             "The ceiling search on the best configs, from each trial's rate; the "
+             "recommendation and its rate cap come from these.", ""]
+    for c in rec.ceilings:
+        lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
+                     f"({c.get('total_probes')} load tests, {c.get('source')})")
+    return lines
+
+
+def _md_predictions(rec: Recommendation) -> list[str]:
+    """Every pre-screened trial's prediction beside its measurement (empty when no
+    trial was predicted)."""
+    if not rec.predictions:
+        return []
+    lines = ["", "## Predicted (simulated) vs measured, trial by trial", "",
+             "| trial | predicted by | config | predicted ceiling (req/s) | "
+             "measured at (req/s) | "
+             "predicted goodput (tok/s) | measured goodput (tok/s) | predicted P99 (s) "
+             "| measured P99 (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rec.predictions:
+        p, m = r["predicted"], r["measured"]
+        lines.append(
+            f"| {r['trial']} | {p.get('by') or 'the simulator pre-screen'} | "
+            f"{flags_line(r['config']) or r['config']} | "
+            f"{_num(p.get('ceiling_rate'), '.2f')} | {_num(m.get('rate'), '.2f')} | "
+            f"{_num(p.get('goodput_tokens'))} | {_num(m.get('goodput_tokens'))} | "
+            f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
+    return lines
+
+
+def _md_rates(rec: Recommendation) -> list[str]:
+    """The recommended config across rates, the seed-style table (empty when none)."""
+    if not rec.table:
+        return []
+    lines = ["", "## The recommended config across rates", "", rec.table_how, "",
+             "| rate (req/s) | goodput tok/s | P99 e2e (s) | GPU util | verdict |",
+             "| --- | --- | --- | --- | --- |"]
+    for row in rec.table:
+        lines.append(
+            f"| {_num(row['rate'], '.1f')} | {_num(row['goodput_tokens'])} | "
+            f"{_num(row['p99_e2e_s'], '.1f')} | {_num(row.get('gpu_util_pct'), '.0f')}% | "
+            f"{row['verdict']} |")
+    return lines
 
 
 def table_row(rate: float, *, goodput_tokens: float | None, p99_e2e_s: float | None,

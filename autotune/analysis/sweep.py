@@ -134,6 +134,9 @@ class SweepSpec:
             raise SweepError("give at least one --rate or --concurrency value")
         if self.param is not None and not self.values:
             raise SweepError(f"--param {self.param} has no values")
+        for name, value in self.base_flags.items():  # --set: refused here, not mid-sweep
+            if (why := flag_type_error(name, value, "--set")) is not None:
+                raise SweepError(f"--set {why}")
         if self.param is not None and self.param in self.base_flags:
             self.base_flags = {k: v for k, v in self.base_flags.items() if k != self.param}
         if self.n_points < 2:

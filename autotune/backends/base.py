@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autotune.core.errors import AutotuneError
 from autotune.core.metrics import MEASURED
 from autotune.core.records import RequestRecord, WindowCallback
 from autotune.core.slo import SLO
@@ -90,7 +91,7 @@ class LoadRun:
     crashed: str | None = None  # why the server died during the test, if it did
 
 
-class TrialFailed(Exception):
+class TrialFailed(AutotuneError):
     """The config could not be evaluated; ``reason`` says why in one word."""
 
     def __init__(self, reason: str, detail: str, *, log_path: str | None = None) -> None:

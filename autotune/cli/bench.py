@@ -364,21 +364,20 @@ def _run_judged(o: BenchOptions, slo: Any, steady: Any, flags: dict[str, Any],
     """One load test through the trial runner: the simulator, or the server at ``url``
     with the steady-state stop rule; progress lines as the evidence comes in."""
     from autotune.backends.base import LoadPlan
-    from autotune.backends.http import ServerBackend
-    from autotune.backends.sim import SimBackend
+    from autotune.backends.factory import BackendSpec, create_backend
     from autotune.core.slo import SLO
-    from autotune.servers.vllm import AttachedServer
     from autotune.tuning.trial import evaluate
 
     if profiles is not None:
         hardware, sim_model = profiles
-        backend: Any = SimBackend(hardware, sim_model)
+        backend = create_backend(BackendSpec(kind="sim", hardware=hardware,
+                                             sim_model=sim_model))
         where = f"{flags} on {hardware.label}, {sim_model.name} (simulated, virtual time)"
     else:
-        backend = ServerBackend(AttachedServer(url), name="http", model=model,
-                                endpoint=o.endpoint.value, api_key=o.api_key, nvml=False,
-                                transport=o.transport.value)
-        backend.source = source
+        backend = create_backend(BackendSpec(
+            kind="attach", url=url, request_model=model, name="http",
+            endpoint=o.endpoint.value, api_key=o.api_key, nvml=False,
+            transport=o.transport.value, source=source))
         where = f"{model} at {url}" + (" (autotune's simulator)" if source == SIMULATED_HTTP
                                        else "")
     plan = LoadPlan(slo=slo or SLO(()), requests=measured, warmup_requests=warm,

@@ -19,7 +19,6 @@ from typing import Annotated, Any
 
 import typer
 
-from autotune.backends.factory import server_backend
 from autotune.cli._app import app
 from autotune.cli._common import (
     NUM_PROMPTS,
@@ -398,12 +397,17 @@ def _workload(o: CeilingOptions, total: int, server_url: str | None) -> Any:
 
 def _backend(o: CeilingOptions, kind: str, flags: dict[str, Any]) -> tuple[Any, str]:
     """The trial backend and a one-line description of where probes run."""
-    from autotune.backends.sim import SimBackend
+    from autotune.backends.factory import BackendSpec, create_backend, describe, server_backend
 
     if kind == "sim":
         hw, mdl, count = _sim_profile(o)
-        return SimBackend(f"{count}x{hw}", mdl), f"simulator {count}x{hw}, model {mdl}"
-    return server_backend(kind, flags, url=o.url, model=o.model, vllm_cmd=o.vllm_cmd,
+        spec = BackendSpec(kind="sim", hardware=f"{count}x{hw}", sim_model=mdl)
+        return create_backend(spec), describe(spec)
+    if kind == "attach" and flags:
+        raise UsageError(
+            f"the server at {o.url} is attached: autotune cannot restart it with "
+            f"{', '.join(sorted(flags))}; drop the config flags, or use --backend vllm")
+    return server_backend(kind, url=o.url, model=o.model, vllm_cmd=o.vllm_cmd,
                           log_dir=o.studies_dir / "ceiling" / "logs")
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -351,24 +350,16 @@ def _plan(o: SweepOptions, slo: Any, wl: Any) -> Any:
 
 def _backend(o: SweepOptions, kind: str, sim: tuple[str, str, int] | None,
              folder: Path) -> Any:
-    from autotune.backends.http import ServerBackend
-    from autotune.backends.sim import SimBackend
+    from autotune.backends.factory import BackendSpec, create_backend
 
     if kind == "sim" and sim is not None:
-        return SimBackend(f"{sim[2]}x{sim[0]}", sim[1])
-    if kind == "attach":
-        from autotune.servers.vllm import AttachedServer
-
-        return ServerBackend(AttachedServer(_attach_url(o)), name="attach", gpus=o.gpus,
-                             nvml=False)
-    from autotune.servers.vllm import VllmServer
-
-    cmd = shlex.split(o.vllm_cmd)
-    if not cmd:
-        raise UsageError("--vllm-cmd is empty: give the command that starts vLLM")
-    server = VllmServer(str(o.model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
-                        log_dir=folder / "logs")
-    return ServerBackend(server, name="vllm", gpus=o.gpus, nvml=False)
+        return create_backend(BackendSpec(kind="sim", hardware=f"{sim[2]}x{sim[0]}",
+                                          sim_model=sim[1]))
+    attach = kind == "attach"
+    return create_backend(BackendSpec(
+        kind="attach" if attach else "vllm", url=_attach_url(o) if attach else None,
+        model=None if o.model is None else str(o.model), vllm_cmd=o.vllm_cmd,
+        log_dir=folder / "logs", gpus=o.gpus, nvml=False))
 
 
 # ----------------------------------------------------------------------------- output

@@ -24,12 +24,17 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from autotune.core.errors import AutotuneError
+
 # Called with (perf_counter when the bytes arrived, decoded body bytes).
 BodySink = Callable[[float, bytes], None]
 
 
-class TransportError(Exception):
-    """The request did not complete; the message says what happened."""
+class TransportError(AutotuneError):
+    """The request did not complete; the message says what happened.
+
+    Internal: the load generator records it as the request's failure (or retries a
+    stale connection), so it reaches the user only as a figure."""
 
 
 class ConnectError(TransportError):

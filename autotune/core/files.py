@@ -88,4 +88,6 @@ def check_writable(path: Path | None, what: str) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    atomic_write(path, json.dumps(data, indent=2, allow_nan=False, default=str) + "\n")
+    """``data`` as indented JSON, whole or not at all; inf and nan as null."""
+    atomic_write(path, json.dumps(json_safe(data), indent=2, allow_nan=False, default=str)
+                 + "\n")

@@ -382,11 +382,20 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
     prov = provenance(data)
     keys = varying_keys(data.rows)
     page = Page(title=f"autotune report: {data.name}", provenance=prov)
-    figs: dict[str, Path] = {}
-    notes: list[str] = []
 
     page.add("Recommendation", *recommendation_blocks(data, keys))
+    figs, notes = _draw_figures(data, plot_dir, prov)
+    page.add("Figures", *_figure_blocks(figs, notes, rel, prov))
+    _add_tables(page, data, keys)
+    return page, figs, notes
 
+
+def _draw_figures(data: StudyData, plot_dir: Path, prov: str
+                  ) -> tuple[dict[str, Path], list[str]]:
+    """Each figure the study has data for, by name, and the notes on those it lacks,
+    so the page says why a figure is missing rather than leaving a gap."""
+    figs: dict[str, Path] = {}
+    notes: list[str] = []
     ceilings = ceilings_by_config(data, bracketed=True)
     figs["rate_curves"] = plots.rate_curves(
         curve_rows(data), plot_dir / "rate_curves.png", slo=data.slo, provenance=prov,
@@ -399,6 +408,14 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
             data.importances, plot_dir / "importances.png", provenance=prov,
             evaluator="Optuna's default evaluator, PED-ANOVA")
     notes.append(data.importance_note)  # over which trials, or why there is no plot
+    _draw_timeline(data, plot_dir, prov, figs, notes)
+    return figs, notes
+
+
+def _draw_timeline(data: StudyData, plot_dir: Path, prov: str, figs: dict[str, Path],
+                   notes: list[str]) -> None:
+    """The telemetry of the recommended trial (else the closest to it) into ``figs``,
+    with a note in ``notes`` for each series the backend did not record."""
     target = best_row(data) or closest_row(data)
     series = read_timeline(target) if target is not None else {}
     if target is not None and series:
@@ -416,6 +433,11 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
             {"gpu_util_pct": "GPU utilisation", "kv_cache_usage_pct": "KV-cache usage"}[k]
             for k in missing) + " series (not recorded by this backend)")
 
+
+def _figure_blocks(figs: Mapping[str, Path], notes: Sequence[str], rel: str,
+                   prov: str) -> list[Any]:
+    """The drawn figures in the page's order, each captioned with how to read it and
+    where its figures come from, then the notes."""
     how = ("each point is one load test: open-loop arrivals at the offered rate, "
            "warm-up excluded, figures over the measured window")
     cap = {
@@ -449,8 +471,12 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
             blocks.append(Figure(name, f"{rel}/{figs[name].name}", title,
                                  f"{text}. Source: {prov}."))
     blocks += [Text(n, "note") for n in notes]
-    page.add("Figures", *blocks)
+    return blocks
 
+
+def _add_tables(page: Page, data: StudyData, keys: Sequence[str]) -> None:
+    """The sections after the figures: every trial, the ceiling probes (or why there
+    are none), imported results, and the commands that reproduce the page."""
     page.add("Trials", trials_table(data.rows, keys))
     probe_rows = ceiling_probe_rows(data.ceilings)
     if probe_rows:
@@ -465,7 +491,6 @@ def build(data: StudyData, plot_dir: Path, rel: str = "plots") -> tuple[Page, di
     page.add("Reproduce", Text(
         f"optuna-dashboard {data.storage}\nautotune report {data.name} --storage "
         f"{data.storage}", "pre"))
-    return page, figs, notes
 
 
 # ----------------------------------------------------------------------------- write

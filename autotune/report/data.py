@@ -78,7 +78,7 @@ def load_study(name: str, storage: str) -> Any:
     """
     import optuna
 
-    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.storage import StorageError, mask_url, open_storage
 
     shown = mask_url(storage)
     if storage.startswith("sqlite:///"):
@@ -91,6 +91,8 @@ def load_study(name: str, storage: str) -> Any:
     try:
         opened = open_storage(storage, heartbeat_interval=None, grace_period=None)
         names = optuna.get_all_study_names(storage=opened)
+    except StorageError as exc:  # its line already names the storage, masked
+        raise ReportError(str(exc)) from None
     except Exception as exc:  # sqlalchemy errors come in many kinds
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ReportError(f"cannot open storage {shown}: {mask_url(first)}") from None

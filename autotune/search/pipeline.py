@@ -9,20 +9,18 @@ its options into :class:`SearchOptions` and calls :func:`run_search` once.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import re
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from autotune.core.files import atomic_write, json_safe
+from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.terminal import console, err_console
 from autotune.tuning.options import (
@@ -36,12 +34,10 @@ from autotune.tuning.options import (
     parse_validate,
 )
 
+if TYPE_CHECKING:
+    from autotune.backends.base import Backend
+
 BACKENDS = ("sim", "vllm", "attach")
-
-
-def write_json(path: Path, data: Any) -> None:
-    atomic_write(path, json.dumps(json_safe(data), indent=2, allow_nan=False, default=str)
-                 + "\n")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -305,7 +301,29 @@ def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[
             "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
             "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
                         f"{load_plan.warmup} warm-up)",
-            "tokenizer": wl.tokenizer, SETTINGS_ATTR: settings}
+            "tokenizer": wl.tokenizer, SETTINGS_ATTR: settings, **_worker_spec(o, plan)}
+
+
+def _worker_spec(o: SearchOptions, plan: Plan) -> dict[str, Any]:
+    """The spec an ``autotune worker`` given only --study runs this study's trials with
+    (without it, a worker started beside its search had no space to join with)."""
+    from autotune.study.worker import SPEC_ATTR, StudySpec, space_to_dict
+
+    workload = {"kind": "sharegpt", "num_prompts": o.num_prompts,
+                "max_model_len": _sample_max_len(o, plan), "seed": o.seed}
+    if o.tokenizer:
+        workload["tokenizer"] = o.tokenizer
+    spec = StudySpec(
+        space=space_to_dict(plan.space), slo=str(plan.slo), objective=o.objective,
+        per_gpu=o.per_gpu, sampler=plan.settings.sampler, seed=o.seed,
+        n_trials=plan.settings.n_trials, gpus=plan.gpus, prune=plan.settings.prune,
+        workload=workload, sim={"hardware": plan.hardware, "model": plan.sim_model},
+        load={"warmup": o.warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
+              "request_timeout_s": 600.0, "max_concurrency": None, "seed": o.seed,
+              "min_duration_s": duration("--min-duration", o.min_duration),
+              "max_duration_s": duration("--max-duration", o.max_duration),
+              "backlog_share": o.backlog_share, "max_probes": o.max_probes, "tol": o.tol})
+    return {SPEC_ATTR: spec.to_dict(), "space_fingerprint": spec.fingerprint()}
 
 
 def _sample_max_len(o: SearchOptions, plan: Plan) -> int:
@@ -344,30 +362,17 @@ def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) ->
                     warmup=n_warm, seed=seed, window_s=1.0, steady=steady)
 
 
-def _backend(o: SearchOptions, plan: Plan) -> Any:
-    from autotune.backends.http import ServerBackend
-    from autotune.backends.sim import SimBackend
+def _backend(o: SearchOptions, plan: Plan) -> Backend:
+    from autotune.backends.factory import BackendSpec, create_backend
 
-    if plan.backend == "sim":
-        return SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
-    if plan.backend == "attach":
-        from autotune.servers.vllm import AttachedServer
-
-        if not o.url:  # _validate refused this already; an attached server needs its URL
-            raise OptionsError("--backend attach needs --url of the running server")
-        return ServerBackend(AttachedServer(o.url), name="attach", gpus=plan.gpus)
-    from autotune.servers.vllm import VllmServer
-
-    cmd = shlex.split(o.vllm_cmd)
-    if not cmd:
-        raise OptionsError("--vllm-cmd is empty: give the command that starts vLLM")
     model = o.model or plan.space.fixed.get("model")
-    if not model:
+    if plan.backend == "vllm" and not model:
         raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the space)")
-    server = VllmServer(str(model), vllm_cmd=cmd, model_as_flag=cmd[-1] != "serve",
-                        log_dir=plan.settings.out_dir / "logs", env=plan.env,
-                        startup_timeout_s=o.startup_timeout, gpus=plan.gpu_ids)
-    return ServerBackend(server, name="vllm", gpus=plan.gpus)
+    return create_backend(BackendSpec(
+        kind=plan.backend, hardware=f"{plan.gpus}x{plan.hardware}", sim_model=plan.sim_model,
+        url=o.url, model=None if model is None else str(model), vllm_cmd=o.vllm_cmd,
+        log_dir=plan.settings.out_dir / "logs", env=plan.env,
+        startup_timeout_s=o.startup_timeout, gpu_ids=plan.gpu_ids, gpus=plan.gpus))
 
 
 def _attach_space(space: Any) -> Any:
@@ -708,10 +713,11 @@ def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: 
                ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     from dataclasses import replace
 
-    from autotune.backends.sim import SimBackend
+    from autotune.backends.factory import BackendSpec, create_backend
     from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
 
-    sim = SimBackend(f"{plan.gpus}x{plan.hardware}", plan.sim_model)
+    sim = create_backend(BackendSpec(kind="sim", hardware=f"{plan.gpus}x{plan.hardware}",
+                                     sim_model=plan.sim_model))
     pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
                   timeout_s=None, budget_s=None)
     run = run_study(pre, sim, load_plan, storage=storage)

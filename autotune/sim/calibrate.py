@@ -193,11 +193,57 @@ def fit_step_times(
     if fit_bandwidth and len({s.kv_tokens for s in samples}) < 3:
         raise ValueError("fitting the bandwidth needs steps over at least 3 different "
                          "numbers of KV entries read (decodes at several contexts)")
+    fit = _step_fit(samples, hardware, model, tensor_parallel_size, relative)
+    inv_flops, inv_bw, i = _best_rates(fit, fit_bandwidth)
+    _, (step_s, seq_s) = fit.solve(inv_flops, inv_bw)
+    notes: list[str] = []
+    if i == 0:
+        notes.append("per-token compute is at the lower end of the search: the samples "
+                     "barely depend on batch tokens")
+    if fit_bandwidth and not (fit.nbytes * inv_bw > fit.work * inv_flops).any():
+        # The best fit never lets memory bind: the bandwidth is not identified by these
+        # samples, so fit the rest with the profile's, as if it had not been asked for.
+        kept = fit_step_times(samples, hardware, model,
+                              tensor_parallel_size=tensor_parallel_size, relative=relative)
+        return replace(kept, notes=("no sample is memory-bound at the best fit: the "
+                                    "bandwidth is not identified, the profile's is kept",
+                                    *kept.notes))
+    fitted = _fitted_profile(hardware, inv_flops, inv_bw, float(step_s), float(seq_s),
+                             tensor_parallel_size, fit_bandwidth, notes)
+    return _calibration(samples, fitted, hardware, model, tensor_parallel_size, fit.y,
+                        fit_bandwidth, notes)
+
+
+@dataclass(frozen=True, eq=False)
+class _StepFit:
+    """Each sample priced once at the old profile: the work in FLOP and in bytes (divide
+    by FLOP/s and bytes/s for seconds) and the all-reduces, which the fit keeps, so
+    the search only rescales them."""
+
+    work: np.ndarray
+    nbytes: np.ndarray
+    comm: np.ndarray
+    seqs: np.ndarray
+    y: np.ndarray  # measured seconds
+    w: np.ndarray  # 1 / y for relative errors, else ones
+    design: np.ndarray
+    bw_now: float  # the profile's achieved bytes/s, kept unless the bandwidth is fitted
+
+    def solve(self, inv_flops: float, inv_bw: float) -> tuple[float, np.ndarray]:
+        """For given s/FLOP and s/byte: the best (step, per-seq) overheads >= 0, and
+        the weighted SSE."""
+        device = np.maximum(self.work * inv_flops, self.nbytes * inv_bw) + self.comm
+        coef, _ = nnls(self.design, (self.y - device) * self.w)
+        pred = device + coef[0] + coef[1] * self.seqs
+        return float(np.sum(((self.y - pred) * self.w) ** 2)), coef
+
+
+def _step_fit(samples: Sequence[StepSample], hardware: HardwareProfile, model: ModelProfile,
+              tensor_parallel_size: int, relative: bool) -> _StepFit:
+    """The least-squares problem of :func:`fit_step_times`, apart from its search."""
     base = cost_model(hardware, model, tensor_parallel_size)
     flops_now = tensor_parallel_size * hardware.achieved_flops
     bw_now = hardware.achieved_bandwidth
-    # Per sample, the work in FLOP and in bytes (divide by FLOP/s and bytes/s for
-    # seconds), and the all-reduces, which the fit keeps from the old profile.
     work = np.array([(s.tokens * base.s_per_token_compute + s.pairs * base.s_per_pair)
                      * flops_now for s in samples])
     nbytes = np.array([(base.s_weights + s.kv_tokens * base.s_per_kv_token) * bw_now
@@ -207,50 +253,43 @@ def fit_step_times(
     y = np.array([s.seconds for s in samples])
     w = 1.0 / y if relative else np.ones_like(y)
     design = np.column_stack([np.ones_like(y), seqs]) * w[:, None]
+    return _StepFit(work, nbytes, comm, seqs, y, w, design, bw_now)
 
-    def solve(inv_flops: float, inv_bw: float) -> tuple[float, np.ndarray]:
-        """For given s/FLOP and s/byte: the best (step, per-seq) overheads >= 0, and
-        the weighted SSE."""
-        device = np.maximum(work * inv_flops, nbytes * inv_bw) + comm
-        coef, _ = nnls(design, (y - device) * w)
-        pred = device + coef[0] + coef[1] * seqs
-        return float(np.sum(((y - pred) * w) ** 2)), coef
 
+def _best_rates(fit: _StepFit, fit_bandwidth: bool) -> tuple[float, float, int]:
+    """(s/FLOP, s/byte) of the least error, and the FLOP grid's index of the basin (0:
+    at the search's lower end, which the caller notes)."""
     # The objective is piecewise quadratic (the roofline's max): scan a wide log grid
     # for the basin, then refine inside it.
-    f_scale = float(np.max(y) / np.max(work))
+    y = fit.y
+    f_scale = float(np.max(y) / np.max(fit.work))
     f_grid = f_scale * np.logspace(-6, 1, 281 if not fit_bandwidth else 71)
-    b_grid = (float(np.max(y) / np.max(nbytes)) * np.logspace(-6, 1, 71)
-              if fit_bandwidth else np.array([1.0 / bw_now]))
-    sse = np.array([[solve(f, b)[0] for b in b_grid] for f in f_grid])
+    b_grid = (float(np.max(y) / np.max(fit.nbytes)) * np.logspace(-6, 1, 71)
+              if fit_bandwidth else np.array([1.0 / fit.bw_now]))
+    sse = np.array([[fit.solve(f, b)[0] for b in b_grid] for f in f_grid])
     i, j = np.unravel_index(int(np.argmin(sse)), sse.shape)
     inv_flops, inv_bw = float(f_grid[i]), float(b_grid[j])
     if fit_bandwidth:
-        res = minimize(lambda x: solve(math.exp(x[0]), math.exp(x[1]))[0],
+        res = minimize(lambda x: fit.solve(math.exp(x[0]), math.exp(x[1]))[0],
                        x0=[math.log(inv_flops), math.log(inv_bw)], method="Nelder-Mead",
                        options={"xatol": 1e-6, "fatol": 1e-14, "maxiter": 2000})
         if res.fun <= sse[i, j]:
             inv_flops, inv_bw = math.exp(res.x[0]), math.exp(res.x[1])
     else:
         lo, hi = f_grid[max(i - 1, 0)], f_grid[min(i + 1, len(f_grid) - 1)]
-        res = minimize_scalar(lambda g: solve(g, inv_bw)[0], bounds=(lo, hi),
+        res = minimize_scalar(lambda g: fit.solve(g, inv_bw)[0], bounds=(lo, hi),
                               method="bounded", options={"xatol": lo * 1e-9})
         if res.fun <= sse[i, j]:
             inv_flops = float(res.x)
-    _, (step_s, seq_s) = solve(inv_flops, inv_bw)
-    notes: list[str] = []
-    if i == 0:
-        notes.append("per-token compute is at the lower end of the search: the samples "
-                     "barely depend on batch tokens")
-    if fit_bandwidth and not (nbytes * inv_bw > work * inv_flops).any():
-        # The best fit never lets memory bind: the bandwidth is not identified by these
-        # samples, so fit the rest with the profile's, as if it had not been asked for.
-        kept = fit_step_times(samples, hardware, model,
-                              tensor_parallel_size=tensor_parallel_size, relative=relative)
-        return replace(kept, notes=("no sample is memory-bound at the best fit: the "
-                                    "bandwidth is not identified, the profile's is kept",
-                                    *kept.notes))
+    return inv_flops, inv_bw, int(i)
 
+
+def _fitted_profile(hardware: HardwareProfile, inv_flops: float, inv_bw: float,
+                    step_s: float, seq_s: float, tensor_parallel_size: int,
+                    fit_bandwidth: bool, notes: list[str]) -> HardwareProfile:
+    """The fit written back as profile fields: an achieved rate above the profile's peak
+    raises the peak (efficiency 1) rather than writing an efficiency over 1, and
+    ``notes`` says so."""
     achieved_tflops = 1.0 / inv_flops / tensor_parallel_size / 1e12
     peak, eff = hardware.peak_tflops, achieved_tflops / hardware.peak_tflops
     if eff > 1.0:
@@ -269,7 +308,14 @@ def fit_step_times(
     if fit_bandwidth:
         fitted = replace(fitted, peak_bandwidth_gbs=float(bw_peak),
                          bandwidth_efficiency=float(bw_eff))
-    # Predictions through the real cost model of the fitted profile, not the fit's algebra.
+    return fitted
+
+
+def _calibration(samples: tuple[StepSample, ...], fitted: HardwareProfile,
+                 hardware: HardwareProfile, model: ModelProfile, tensor_parallel_size: int,
+                 y: np.ndarray, fit_bandwidth: bool, notes: list[str]) -> Calibration:
+    """How well the fitted profile explains the samples, through the real cost model
+    rather than the fit's algebra, so the figures are what the simulator will do."""
     pred = predict(samples, fitted, model, tensor_parallel_size)
     cm = cost_model(fitted, model, tensor_parallel_size)
     mem_bound = tuple(

@@ -87,10 +87,14 @@ def _as_bool(value: Any) -> bool:
 def _coerce(name: str, value: Any) -> Any:
     if value is None:
         return None
-    if name in _INTS:
-        return int(value)
-    if name == "gpu_memory_utilization":
-        return float(value)
+    try:
+        if name in _INTS:
+            return int(value)
+        if name == "gpu_memory_utilization":
+            return float(value)
+    except ValueError:  # int()'s own message names neither the flag nor its type
+        word = "an integer" if name in _INTS else "a number"
+        raise ValueError(f"{name}={value!r}: {name} takes {word}") from None
     if name == "enable_chunked_prefill":
         return _as_bool(value)
     return str(value)
@@ -160,6 +164,33 @@ def activation_bytes(model: ModelProfile, max_num_batched_tokens: int, max_num_s
 def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile) -> EngineSetup:
     """vLLM's start-up for this config, or :class:`ConfigRefused` as vLLM would refuse."""
     tp = config.tensor_parallel_size
+    _check_flags(config, hardware, model)
+    max_model_len = _max_model_len(config, model)
+    mnbt, mns = _batch_limits(config, hardware, tp, max_model_len)
+    weights, activation, kv_bytes, num_blocks = _memory(config, hardware, model, mnbt, mns,
+                                                        max_model_len)
+    return EngineSetup(
+        config=config,
+        hardware=hardware,
+        model=model,
+        tensor_parallel_size=tp,
+        max_num_seqs=mns,
+        max_num_batched_tokens=mnbt,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        max_model_len=max_model_len,
+        block_size=config.block_size,
+        api_server_count=config.api_server_count,
+        num_gpu_blocks=num_blocks,
+        weights_gib_per_gpu=weights / GIB,
+        activation_gib_per_gpu=activation / GIB,
+        kv_cache_gib_per_gpu=kv_bytes / GIB,
+    )
+
+
+def _check_flags(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile) -> None:
+    """The flags vLLM refuses on their own, before it sizes anything, in its order and
+    with its messages (so a log parser reads the simulator's refusals like vLLM's)."""
+    tp = config.tensor_parallel_size
     if tp < 1:
         raise ConfigRefused(f"tensor_parallel_size must be >= 1, got {tp}")
     if model.num_attention_heads % tp:
@@ -181,6 +212,11 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
     if config.block_size not in (1, 8, 16, 32, 64, 128):
         raise ConfigRefused(f"block_size must be one of 1, 8, 16, 32, 64, 128; got "
                             f"{config.block_size}")
+
+
+def _max_model_len(config: EngineConfig, model: ModelProfile) -> int:
+    """The context length served: the flag, else the model's; vLLM refuses one longer
+    than the model's positions."""
     max_model_len = config.max_model_len or model.max_model_len
     if max_model_len > model.max_model_len:
         raise ConfigRefused(
@@ -189,6 +225,13 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
             "config.json). To allow overriding this maximum, set the env var "
             "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
         )
+    return max_model_len
+
+
+def _batch_limits(config: EngineConfig, hardware: HardwareProfile, tp: int,
+                  max_model_len: int) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) after vLLM's defaults, or its refusal of
+    a pair that cannot schedule a step."""
     default_tokens, default_seqs = batch_defaults(hardware, tp)
     mnbt = config.max_num_batched_tokens
     if mnbt is None:
@@ -211,7 +254,15 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
             f"max_num_batched_tokens ({mnbt}) must be greater than or equal to "
             f"max_num_seqs ({mns})."
         )
+    return mnbt, mns
 
+
+def _memory(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile,
+            mnbt: int, mns: int, max_model_len: int) -> tuple[float, float, float, int]:
+    """Per GPU, (weight, activation and KV-cache bytes, KV blocks), as vLLM's memory
+    profiling splits the budget; or its out-of-memory refusal (weights that do not
+    fit, no room for the cache, or too little for one request of max_model_len)."""
+    tp = config.tensor_parallel_size
     weights = model.weight_bytes / tp
     budget = hardware.memory_bytes * config.gpu_memory_utilization
     if weights > budget or weights > hardware.memory_bytes * 0.98:
@@ -244,19 +295,4 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
             "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the "
             "engine."
         )
-    return EngineSetup(
-        config=config,
-        hardware=hardware,
-        model=model,
-        tensor_parallel_size=tp,
-        max_num_seqs=mns,
-        max_num_batched_tokens=mnbt,
-        enable_chunked_prefill=config.enable_chunked_prefill,
-        max_model_len=max_model_len,
-        block_size=config.block_size,
-        api_server_count=config.api_server_count,
-        num_gpu_blocks=num_blocks,
-        weights_gib_per_gpu=weights / GIB,
-        activation_gib_per_gpu=activation / GIB,
-        kv_cache_gib_per_gpu=kv_bytes / GIB,
-    )
+    return weights, activation, kv_bytes, num_blocks

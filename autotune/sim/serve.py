@@ -36,8 +36,9 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.sim.config import ConfigRefused, EngineConfig, EngineSetup, resolve
 from autotune.sim.costmodel import CostModel
@@ -45,6 +46,11 @@ from autotune.sim.engine import error_body, request_problem
 from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Scheduler, Seq
+
+if TYPE_CHECKING:
+    from starlette.requests import Request as HttpRequest
+    from starlette.responses import Response
+    from starlette.routing import Route
 
 OWNED_BY = "autotune-simulator"
 # vLLM's bucket bounds for vllm:time_to_first_token_seconds.
@@ -301,17 +307,48 @@ class RealtimeEngine:
 
 def build_app(engine: RealtimeEngine, served_name: str) -> Any:
     from starlette.applications import Starlette
-    from starlette.requests import Request as HttpRequest
-    from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+    from starlette.routing import Route
+
+    async def complete(request: HttpRequest) -> Response:
+        return await _complete(engine, served_name, request)
+
+    return Starlette(routes=[
+        *_info_routes(engine, served_name),
+        Route("/v1/completions", complete, methods=["POST"]),
+        Route("/v1/chat/completions", complete, methods=["POST"]),
+    ])
+
+
+def _error(message: str, code: int = 400, kind: str = "BadRequestError") -> Response:
+    """An error as vLLM's API server sends it, so a client parses ours like its own: the
+    engine's error body, typed with the exception's class name."""
+    from starlette.responses import JSONResponse
+
+    body = json.loads(error_body(message, code))
+    body["type"] = kind
+    return JSONResponse(body, status_code=code)
+
+
+async def _read_json(request: HttpRequest) -> dict[str, Any] | Response:
+    """The request's JSON object, or the 400 that a body which is not one gets (shared by
+    every POST route, so each answers a bad body alike)."""
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return _error("request body is not valid JSON")
+    if not isinstance(body, dict):
+        return _error("request body must be a JSON object")
+    return body
+
+
+def _info_routes(engine: RealtimeEngine, served_name: str) -> list[Route]:
+    """The routes that describe the server (health, models, metrics, tokenize): apart
+    from the completions because none of them puts work on the engine."""
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     setup = engine.setup
     created = int(time.time())
-
-    def error(message: str, code: int = 400, kind: str = "BadRequestError") -> Response:
-        body = json.loads(error_body(message, code))
-        body["type"] = kind
-        return JSONResponse(body, status_code=code)
 
     async def health(_: HttpRequest) -> Response:
         return Response(status_code=200)
@@ -330,17 +367,8 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
         return PlainTextResponse(engine.metrics_text(served_name),
                                  media_type="text/plain; version=0.0.4")
 
-    async def read_json(request: HttpRequest) -> dict[str, Any] | Response:
-        try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return error("request body is not valid JSON")
-        if not isinstance(body, dict):
-            return error("request body must be a JSON object")
-        return body
-
     async def tokenize(request: HttpRequest) -> Response:
-        body = await read_json(request)
+        body = await _read_json(request)
         if isinstance(body, Response):
             return body
         chat = "messages" in body
@@ -354,114 +382,165 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
         return JSONResponse({"count": n, "max_model_len": setup.max_model_len,
                              "tokens": tokens})
 
-    async def complete(request: HttpRequest) -> Response:
-        chat = request.url.path.endswith("/chat/completions")
-        body = await read_json(request)
-        if isinstance(body, Response):
-            return body
-        model = body.get("model", served_name)
-        if model != served_name:
-            return error(f"The model `{model}` does not exist.", 404, "NotFoundError")
-        prompt_n = prompt_token_count(body, chat)
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens is None:
-            max_tokens = setup.max_model_len - prompt_n if chat else 16
-        if not isinstance(max_tokens, int):
-            return error(f"max_tokens must be an integer, got {max_tokens!r}")
-        problem = request_problem(prompt_n, max_tokens, setup.max_model_len)
-        if problem is not None:
-            return error(problem)
-        if engine.stopping:
-            return error("server is shutting down", 503, "ServiceUnavailableError")
-        received = time.perf_counter()
-        rid, q = engine.submit(prompt_n, max_tokens)
-        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def usage(n_out: int) -> dict[str, int]:
-            return {"prompt_tokens": prompt_n, "total_tokens": prompt_n + n_out,
-                    "completion_tokens": n_out}
-
-        if not body.get("stream"):
-            n_out = 0
-            try:
-                while (ev := await q.get()) == TOKEN:
-                    if n_out == 0:
-                        engine.observe_ttft(time.perf_counter() - received)
-                    n_out += 1
-            finally:
-                if ev != DONE:
-                    engine.abort(rid)
-            if ev != DONE:
-                return error("server is shutting down", 503, "ServiceUnavailableError")
-            text = "".join(f" {WORDS[i % len(WORDS)]}" for i in range(n_out))
-            if chat:
-                choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
-                                                                  "content": text},
-                                          "logprobs": None, "finish_reason": "length",
-                                          "stop_reason": None}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None,
-                          "finish_reason": "length", "stop_reason": None}
-            return JSONResponse({"id": ident, "object": obj.removesuffix(".chunk"),
-                                 "created": int(time.time()), "model": served_name,
-                                 "choices": [choice], "usage": usage(n_out)})
-
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-        def sse(payload: dict[str, Any]) -> bytes:
-            return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
-
-        def chunk(i: int, last: bool) -> bytes:
-            word = f" {WORDS[i % len(WORDS)]}"
-            reason = "length" if last else None
-            if chat:
-                c: dict[str, Any] = {"index": 0, "delta": {"content": word},
-                                     "logprobs": None, "finish_reason": reason}
-            else:
-                c = {"index": 0, "text": word, "logprobs": None, "finish_reason": reason,
-                     "stop_reason": None}
-            return sse({"id": ident, "object": obj, "created": int(time.time()),
-                        "model": served_name, "choices": [c]})
-
-        async def stream() -> AsyncIterator[bytes]:
-            finished = False
-            try:
-                if chat:
-                    yield sse({"id": ident, "object": obj, "created": int(time.time()),
-                               "model": served_name, "choices": [{
-                                   "index": 0, "delta": {"role": "assistant", "content": ""},
-                                   "logprobs": None, "finish_reason": None}]})
-                n_out = 0
-                while True:
-                    ev = await q.get()
-                    if ev == CLOSED:
-                        return  # shutting down: close the stream
-                    if ev == DONE:
-                        finished = True
-                        break
-                    if n_out == 0:
-                        engine.observe_ttft(time.perf_counter() - received)
-                    yield chunk(n_out, n_out + 1 == max_tokens)
-                    n_out += 1
-                if include_usage:
-                    yield sse({"id": ident, "object": obj, "created": int(time.time()),
-                               "model": served_name, "choices": [], "usage": usage(n_out)})
-                yield b"data: [DONE]\n\n"
-            finally:
-                if not finished:
-                    engine.abort(rid)
-
-        return StreamingResponse(stream(), media_type="text/event-stream")
-
-    return Starlette(routes=[
+    return [
         Route("/health", health),
         Route("/v1/models", models),
         Route("/metrics", metrics),
         Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/v1/completions", complete, methods=["POST"]),
-        Route("/v1/chat/completions", complete, methods=["POST"]),
-    ])
+    ]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One completion the engine took: what its answer, whole or streamed, is made of."""
+
+    engine: RealtimeEngine
+    model: str  # the served name every answer carries
+    chat: bool
+    rid: int
+    q: asyncio.Queue[str]
+    received: float  # perf_counter when the request was taken (server-side TTFT)
+    prompt_n: int
+    max_tokens: int
+    ident: str
+    obj: str
+
+
+async def _complete(engine: RealtimeEngine, served_name: str,
+                    request: HttpRequest) -> Response:
+    """Both completion routes: the path alone says chat or not; whole or streamed is
+    only decided once the engine has the request."""
+    from starlette.responses import Response, StreamingResponse
+
+    chat = request.url.path.endswith("/chat/completions")
+    body = await _read_json(request)
+    if isinstance(body, Response):
+        return body
+    sizes = _admit(engine, served_name, body, chat)
+    if isinstance(sizes, Response):
+        return sizes
+    prompt_n, max_tokens = sizes
+    received = time.perf_counter()
+    rid, q = engine.submit(prompt_n, max_tokens)
+    call = _Call(engine, served_name, chat, rid, q, received, prompt_n, max_tokens,
+                 ident=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                 obj="chat.completion.chunk" if chat else "text_completion")
+    if not body.get("stream"):
+        return await _whole_completion(call)
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(_stream(call, include_usage), media_type="text/event-stream")
+
+
+def _admit(engine: RealtimeEngine, served_name: str, body: dict[str, Any],
+           chat: bool) -> tuple[int, int] | Response:
+    """(prompt tokens, max tokens) of a request the engine may take, or the error vLLM
+    answers before queueing one (unknown model, bad or too long a request, shutting
+    down)."""
+    setup = engine.setup
+    model = body.get("model", served_name)
+    if model != served_name:
+        return _error(f"The model `{model}` does not exist.", 404, "NotFoundError")
+    prompt_n = prompt_token_count(body, chat)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if max_tokens is None:
+        max_tokens = setup.max_model_len - prompt_n if chat else 16
+    if not isinstance(max_tokens, int):
+        return _error(f"max_tokens must be an integer, got {max_tokens!r}")
+    problem = request_problem(prompt_n, max_tokens, setup.max_model_len)
+    if problem is not None:
+        return _error(problem)
+    if engine.stopping:
+        return _error("server is shutting down", 503, "ServiceUnavailableError")
+    return prompt_n, max_tokens
+
+
+def _usage(prompt_n: int, n_out: int) -> dict[str, int]:
+    """The OpenAI usage block, alike in a whole answer and in a stream's last chunk."""
+    return {"prompt_tokens": prompt_n, "total_tokens": prompt_n + n_out,
+            "completion_tokens": n_out}
+
+
+async def _whole_completion(call: _Call) -> Response:
+    """A non-streamed answer: it waits for every token, and gives the engine its blocks
+    back should the client leave (or the server stop) first."""
+    from starlette.responses import JSONResponse
+
+    engine = call.engine
+    n_out = 0
+    try:
+        while (ev := await call.q.get()) == TOKEN:
+            if n_out == 0:
+                engine.observe_ttft(time.perf_counter() - call.received)
+            n_out += 1
+    finally:
+        if ev != DONE:
+            engine.abort(call.rid)
+    if ev != DONE:
+        return _error("server is shutting down", 503, "ServiceUnavailableError")
+    text = "".join(f" {WORDS[i % len(WORDS)]}" for i in range(n_out))
+    if call.chat:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant",
+                                                          "content": text},
+                                  "logprobs": None, "finish_reason": "length",
+                                  "stop_reason": None}
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None,
+                  "finish_reason": "length", "stop_reason": None}
+    return JSONResponse({"id": call.ident, "object": call.obj.removesuffix(".chunk"),
+                         "created": int(time.time()), "model": call.model,
+                         "choices": [choice], "usage": _usage(call.prompt_n, n_out)})
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    """One server-sent event, compact JSON as vLLM writes it."""
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _chunk(call: _Call, i: int, last: bool) -> bytes:
+    """Token ``i`` of a stream as its own event; the last one carries the finish reason."""
+    word = f" {WORDS[i % len(WORDS)]}"
+    reason = "length" if last else None
+    if call.chat:
+        c: dict[str, Any] = {"index": 0, "delta": {"content": word},
+                             "logprobs": None, "finish_reason": reason}
+    else:
+        c = {"index": 0, "text": word, "logprobs": None, "finish_reason": reason,
+             "stop_reason": None}
+    return _sse({"id": call.ident, "object": call.obj, "created": int(time.time()),
+                 "model": call.model, "choices": [c]})
+
+
+async def _stream(call: _Call, include_usage: bool) -> AsyncIterator[bytes]:
+    """A streamed answer, one event per token as the engine hands it over; a stream
+    that ends before its last token gives the engine its blocks back."""
+    engine = call.engine
+    finished = False
+    try:
+        if call.chat:
+            yield _sse({"id": call.ident, "object": call.obj, "created": int(time.time()),
+                        "model": call.model, "choices": [{
+                            "index": 0, "delta": {"role": "assistant", "content": ""},
+                            "logprobs": None, "finish_reason": None}]})
+        n_out = 0
+        while True:
+            ev = await call.q.get()
+            if ev == CLOSED:
+                return  # shutting down: close the stream
+            if ev == DONE:
+                finished = True
+                break
+            if n_out == 0:
+                engine.observe_ttft(time.perf_counter() - call.received)
+            yield _chunk(call, n_out, n_out + 1 == call.max_tokens)
+            n_out += 1
+        if include_usage:
+            yield _sse({"id": call.ident, "object": call.obj, "created": int(time.time()),
+                        "model": call.model, "choices": [],
+                        "usage": _usage(call.prompt_n, n_out)})
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not finished:
+            engine.abort(call.rid)
 
 
 def parser() -> argparse.ArgumentParser:

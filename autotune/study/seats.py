@@ -21,11 +21,13 @@ from typing import Any, Literal
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.core.errors import AutotuneError
+
 COUNTED = (TrialState.COMPLETE, TrialState.PRUNED)  # what --n-trials counts
 SURPLUS = "surplus"  # the reason stored on a trial that found no seat
 
 
-class Surplus(Exception):
+class Surplus(AutotuneError):
     """The trial found every seat taken (two processes claimed the last one at once).
 
     Internal: raised inside a trial, caught by the loop that started it."""

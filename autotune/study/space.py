@@ -63,7 +63,8 @@ KNOWN_PARAMS = VLLM_FLAGS + CLIENT_PARAMS
 FLAG_TYPES: dict[str, type] = {
     **dict.fromkeys(("tensor_parallel_size", "pipeline_parallel_size", "max_num_seqs",
                      "max_num_batched_tokens", "max_model_len", "block_size",
-                     "long_prefill_token_threshold", "max_num_partial_prefills", "seed"),
+                     "long_prefill_token_threshold", "max_num_partial_prefills", "seed",
+                     "api_server_count"),
                     int),
     **dict.fromkeys(("gpu_memory_utilization", "swap_space"), float),
     **dict.fromkeys(("enable_chunked_prefill", "enable_prefix_caching", "enforce_eager"),
@@ -73,9 +74,10 @@ _TYPE_WORDS = {int: ("a whole number", "64"), float: ("a number", "0.9"),
                bool: ("true or false", "true")}
 
 
-def flag_type_error(name: str, value: Any) -> str | None:
+def flag_type_error(name: str, value: Any, option: str = "--param") -> str | None:
     """What is wrong with ``value`` for the vLLM flag ``name`` (None: nothing, or a
-    flag whose type autotune does not know, which vLLM itself will check)."""
+    flag whose type autotune does not know, which vLLM itself will check); the example
+    is written for ``option``, the CLI option the value came from."""
     want = FLAG_TYPES.get(name)
     if want is None:
         return None
@@ -86,7 +88,7 @@ def flag_type_error(name: str, value: Any) -> str | None:
         return None
     word, example = _TYPE_WORDS[want]
     flag = "--" + name.replace("_", "-")
-    return (f"{name}={value!r}: vLLM {flag} takes {word}, e.g. --param {name}={example}")
+    return (f"{name}={value!r}: vLLM {flag} takes {word}, e.g. {option} {name}={example}")
 _PARAM_KEYS = {"type", "low", "high", "step", "log", "choices"}
 _TOP_KEYS = {"name", "description", "profile", "attention_heads", "fixed", "parameters",
              "baseline", "rules"}

@@ -19,6 +19,7 @@ is never printed: :func:`mask_url` shows ``postgresql://user:***@host/db``.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Container, Sequence
@@ -163,8 +164,8 @@ def call_with_retry(fn: Callable[..., Any], *args: Any, what: str = "storage cal
             # down, is the caller's one line.  A line per attempt was nine lines of the
             # same refusal over 32 s.
             log.log(logging.WARNING if attempt == 1 else logging.DEBUG,
-                    "database unreachable during %s: %s; retrying for up to %.0f s",
-                    what, scrub(first, url), max(deadline - time.monotonic(), 0.0))
+                    "database unreachable during %s: %s; retrying for up to %d s",
+                    what, scrub(first, url), math.ceil(max(deadline - time.monotonic(), 0.0)))
             sleep(delay)
             delay = min(delay * 2, max_delay_s)
 

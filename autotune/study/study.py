@@ -29,6 +29,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.backends.base import Backend, LoadPlan, TrialFailed
 from autotune.core.errors import AutotuneError
+from autotune.core.files import json_safe
 from autotune.core.metrics import SIMULATED
 from autotune.core.slo import MAX_MARGIN, SLO
 from autotune.study.optuna_adapter import (
@@ -556,7 +557,7 @@ class Objective:
             brief = ceiling.to_dict()
             for p in brief["probes"]:
                 p.pop("summary", None)
-            attrs["ceiling"] = _json_safe(brief)
+            attrs["ceiling"] = json_safe(brief)
             attrs["rate_cap"] = ceiling.recommended_cap
         attrs["start"] = outcome.start_how
         attrs["launch"] = outcome.launch
@@ -994,7 +995,7 @@ def refine_ceilings(
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / f"ceiling-trial-{row.number}.json"
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(_json_safe(refined.to_dict()), indent=2,
+            tmp.write_text(json.dumps(json_safe(refined.to_dict()), indent=2,
                                       allow_nan=False, default=str) + "\n", encoding="utf-8")
             tmp.replace(path)
             refined.path = path
@@ -1014,13 +1015,3 @@ class _Failed:
 
     def sentence(self) -> str:
         return self.note
-
-
-def _json_safe(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_json_safe(v) for v in obj]
-    return obj

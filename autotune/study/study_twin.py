@@ -185,7 +185,7 @@ class StudyTwin:
             return []
         import optuna
 
-        from autotune.backends.sim import SimBackend
+        from autotune.backends.factory import BackendSpec, create_backend
         from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
 
         # Enqueued trials hold no params until they run: what the twin queued itself.
@@ -194,7 +194,9 @@ class StudyTwin:
             pre = replace(self.settings, name=f"{self.settings.name}-twin",
                           n_trials=self.candidates, timeout_s=None, budget_s=None,
                           storage=None, studies_dir=Path(tmp), seed=seed)
-            run = run_study(pre, SimBackend(self.profile, self.model), self.plan,
+            sim = create_backend(BackendSpec(kind="sim", hardware=self.profile,
+                                             sim_model=self.model))
+            run = run_study(pre, sim, self.plan,
                             storage=optuna.storages.InMemoryStorage())
             ranked = prescreen_enqueue(rows_from_study(run.study), self.settings.space,
                                        top_k=self.candidates)

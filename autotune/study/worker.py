@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
@@ -61,6 +61,9 @@ from autotune.study.study import StudyError, StudySettings, process_running, val
 
 SPEC_ATTR = "autotune:spec"
 INTERRUPTED = "interrupted"
+
+if TYPE_CHECKING:
+    from autotune.backends.base import Backend
 
 
 class IncompatibleStudy(StudyError, AutotuneError):
@@ -188,15 +191,17 @@ def stored_spec(attrs: Mapping[str, Any]) -> StudySpec | None:
     return StudySpec.from_dict(data) if isinstance(data, dict) else None
 
 
-def check_compatible(attrs: Mapping[str, Any], mine: StudySpec | None, name: str) -> StudySpec:
+def check_compatible(attrs: Mapping[str, Any], mine: StudySpec | None, name: str, *,
+                     waited_s: float = 0.0) -> StudySpec:
     """The spec to run with: the study's, after checking ``mine`` against it."""
     stored = stored_spec(attrs)
     if stored is None:
         # A study made before specs were stored: at least compare what it recorded.
         if mine is None:
+            waited = f" (waited {waited_s:.3g} s)" if waited_s > 0 else ""
             raise IncompatibleStudy(
-                f"study {name!r} stores no search space: give --space and --slo (the ones "
-                "it was created with) or recreate it with `autotune search --storage`")
+                f"study {name!r} stores no search space{waited}: give --space and --slo (the "
+                "ones it was created with) or recreate it with `autotune search --storage`")
         old_slo = attrs.get("slo")
         if old_slo is not None and _canon_slo(str(old_slo)) != _canon_slo(mine.slo):
             raise IncompatibleStudy(f"refusing to join study {name!r}: SLO: the study has "
@@ -302,21 +307,28 @@ def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec 
             storage.set_study_user_attr(sid, "space_fingerprint", spec.fingerprint())
             return spec, created
     sid = storage.get_study_id_from_name(name)
-    # The creator is between create_new_study and writing its spec: a worker's a moment,
-    # a search's as long as its workload takes to load, so a worker without a spec of its
-    # own waits as long as it would for the study itself.
+    # The creator is between create_new_study and writing its spec (a search writes its
+    # SLO first, then the spec), so a worker without a spec of its own waits as long as
+    # it would for the study itself.
     limit_s = max(wait_spec_s, deadline - time.monotonic()) if mine is None else wait_spec_s
     spec_deadline = time.monotonic() + limit_s
     attrs = storage.get_study_user_attrs(sid)
-    while (SPEC_ATTR not in attrs and "slo" not in attrs and time.monotonic() < spec_deadline
-           and not storage.get_all_trials(sid, deepcopy=False)):
+    while (not _configured(attrs, mine) and time.monotonic() < spec_deadline
+           and not storage.get_all_trials(sid, deepcopy=False)):  # with trials: an old study
         if say is not None and mine is None:
-            say(f"study {name!r} exists; waiting up to {limit_s:.0f} s for its search to "
+            say(f"study {name!r} exists; waiting up to {limit_s:.3g} s for its search to "
                 "record its search space and SLO")
             say = None
-        time.sleep(min(0.2, poll_s))
+        time.sleep(min(0.2, poll_s, max(spec_deadline - time.monotonic(), 0.0)))
         attrs = storage.get_study_user_attrs(sid)
-    return check_compatible(attrs, mine, name), created
+    waited_s = limit_s if time.monotonic() >= spec_deadline else 0.0
+    return check_compatible(attrs, mine, name, waited_s=waited_s), created
+
+
+def _configured(attrs: Mapping[str, Any], mine: StudySpec | None) -> bool:
+    """Whether the study says enough to join it: a worker with no spec of its own runs
+    the study's, so the SLO alone (what a search writes first) is not enough."""
+    return SPEC_ATTR in attrs or (mine is not None and "slo" in attrs)
 
 
 # ----------------------------------------------------------------------------- counting
@@ -381,23 +393,22 @@ class StopSignals:
 # ----------------------------------------------------------------------------- servers
 
 def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: str
-                 ) -> Any:
-    from autotune.backends.http import ServerBackend
-    from autotune.backends.sim import SimBackend
+                 ) -> Backend:
+    from autotune.backends.factory import BackendSpec, create_backend
 
     if opts.backend == "sim":
+        from autotune.sim.profiles import load_hardware
+
         sim = spec.sim or {}
         profile = spec.space.get("profile") or {}
         hardware = sim.get("hardware") or profile.get("hardware") or "a100-80gb"
         model = sim.get("model") or profile.get("model") or "llama-3-8b"
-        backend = SimBackend(hardware, model)
-        if n_gpus is not None:
-            backend.hardware = backend.hardware.with_gpus(n_gpus)
-        return backend
+        # This host's GPUs, whatever the profile's count.
+        return create_backend(BackendSpec(
+            kind="sim", sim_model=model,
+            hardware=hardware if n_gpus is None else load_hardware(hardware).with_gpus(n_gpus)))
     if opts.backend != "vllm":
         raise StudyError(f"--backend must be sim or vllm, got {opts.backend!r}")
-    from autotune.servers.vllm import VllmServer
-
     cmd = shlex.split(opts.vllm_cmd)
     if not cmd or shutil.which(cmd[0]) is None:
         raise StudyError(f"--vllm-cmd {opts.vllm_cmd!r}: {cmd[0] if cmd else '(empty)'} is "
@@ -405,13 +416,12 @@ def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: 
     model = opts.model or str((spec.space.get("fixed") or {}).get("model") or "")
     if not model:
         raise StudyError("--backend vllm needs --model (the space fixes none)")
-    positional = len(cmd) >= 1 and cmd[-1] == "serve"
-    # VllmServer starts it through the process owner, whose guard takes the server down
-    # when this worker dies, even by kill -9.
-    server = VllmServer(model, vllm_cmd=cmd, model_as_flag=not positional,
-                        gpus=opts.gpus, startup_timeout_s=opts.startup_timeout_s,
-                        log_dir=opts.studies_dir / opts.study / "logs" / wid.replace(":", "-"))
-    return ServerBackend(server, name="vllm", model=model, gpus=n_gpus)
+    # The server starts through the process owner, whose guard takes it down when this
+    # worker dies, even by kill -9.
+    return create_backend(BackendSpec(
+        kind="vllm", model=model, request_model=model, vllm_cmd=opts.vllm_cmd,
+        gpu_ids=opts.gpus, startup_timeout_s=opts.startup_timeout_s, gpus=n_gpus,
+        log_dir=opts.studies_dir / opts.study / "logs" / wid.replace(":", "-")))
 
 
 def build_plan(spec: StudySpec) -> Any:

@@ -119,7 +119,7 @@ def run_calibration(o: CalibrateOptions) -> int:
     # An attached server runs the config it was started with: --param describes it to
     # the twin and is not sent anywhere.
     launch = {} if kind == "attach" else dict(o.flags)
-    backend, where = server_backend(kind, launch, url=o.url, model=o.model,
+    backend, where = server_backend(kind, url=o.url, model=o.model,
                                     vllm_cmd=o.vllm_cmd, env=env,
                                     log_dir=o.studies_dir / "calibrate" / "logs")
     out = console

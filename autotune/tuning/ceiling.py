@@ -955,7 +955,50 @@ def find_ceiling(
         search.notes.append(
             f"num_prompts raised from {num_prompts} to {need}: a {confidence:.0%} bound on "
             f"the SLO's percentile needs at least {need} measured requests")
+    run = _run_search(search, start_rate=start_rate, tol=tol, repeats=repeats,
+                      min_rate=min_rate, max_rate=max_rate, lowest_rate=lowest_rate,
+                      first_must_pass=first_must_pass, then_down=then_down)
 
+    lo, hi = search.lo(), search.hi()
+    converged = _bracket_notes(search, lo, hi, tol=tol, max_probes=max_probes,
+                               below_floor=run.below_floor)
+    binding = _binding(search, hi)
+    saturated, saturated_how = _saturation(search, run)
+    stepdown = (stepdown_probe_count(saturated, lo)
+                if saturated is not None and lo is not None else None)
+
+    return CeilingResult(
+        slo=slo, confidence=confidence, tol=tol, headroom=headroom,
+        source=search.source or "unknown", feasible=lo is not None,
+        feasible_max=lo, infeasible_min=hi, converged=converged, binding=binding,
+        probes=search.probes, search_probes=search.used,
+        saturated_throughput=saturated, saturated_how=saturated_how,
+        stepdown_probes=stepdown,
+        stepdown_rate=(stepdown_rate(saturated, lo)
+                       if saturated is not None and lo is not None else None),
+        spread=run.spread, notes=search.notes, below_start=run.below_start,
+        budget_spent=run.budget_spent, below_floor=run.below_floor, proof=search.proof)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """How the rate search itself ended, which the result reports whether it ran to
+    the end or was stopped (under the floor, out of budget)."""
+
+    saturated: float | None
+    saturated_how: str | None
+    below_start: bool
+    budget_spent: bool
+    below_floor: bool
+    spread: list[Spread]
+
+
+def _run_search(search: _Search, *, start_rate: float | None, tol: float, repeats: int,
+                min_rate: float | None, max_rate: float | None, lowest_rate: float | None,
+                first_must_pass: bool, then_down: bool) -> _Run:
+    """The probes of the search, from its starting rate to the closed bracket and its
+    repeats; a search stopped by the floor or the budget keeps what its tests so far
+    support, with the reason among the notes."""
     saturated: float | None = None
     saturated_how: str | None = None
     below_start = budget_spent = below_floor = False
@@ -975,17 +1018,7 @@ def find_ceiling(
                     "the saturation probe completed no request: check the server")
             search.cap_est = saturated
             start_rate = 0.7 * saturated
-        floor_rate = min_rate if min_rate is not None else start_rate / 32.0
-        if lowest_rate is not None and not math.isfinite(lowest_rate):
-            search.notes.append(
-                "no test can pass within its time cap (--max-duration): the cap ends "
-                "before the requests a pass needs are judged; every test will end "
-                "inconclusive, which the ceiling counts as a fail")
-        elif lowest_rate is not None and lowest_rate > floor_rate:
-            floor_rate = lowest_rate
-            search.notes.append(
-                f"no rate under {_rate(lowest_rate)} req/s is planned: its test could not "
-                "gather the requests a pass needs within its time cap (--max-duration)")
+        floor_rate = _floor_rate(search, start_rate, min_rate, lowest_rate)
         if max_rate is not None:
             start_rate = min(start_rate, max_rate)
         start_rate = max(start_rate, floor_rate)
@@ -1011,12 +1044,35 @@ def find_ceiling(
         below_start = (first_must_pass and not then_down and start_rate is not None
                        and search.verdicts.get(start_rate) == "fail")
         search.notes.append(str(exc))
+    return _Run(saturated, saturated_how, below_start, budget_spent, below_floor, spread)
 
-    lo, hi = search.lo(), search.hi()
+
+def _floor_rate(search: _Search, start_rate: float, min_rate: float | None,
+                lowest_rate: float | None) -> float:
+    """Where halving stops: ``min_rate`` (default start / 32), raised to the lowest
+    rate whose test can still pass within its time cap, with a note saying why."""
+    floor_rate = min_rate if min_rate is not None else start_rate / 32.0
+    if lowest_rate is not None and not math.isfinite(lowest_rate):
+        search.notes.append(
+            "no test can pass within its time cap (--max-duration): the cap ends "
+            "before the requests a pass needs are judged; every test will end "
+            "inconclusive, which the ceiling counts as a fail")
+    elif lowest_rate is not None and lowest_rate > floor_rate:
+        floor_rate = lowest_rate
+        search.notes.append(
+            f"no rate under {_rate(lowest_rate)} req/s is planned: its test could not "
+            "gather the requests a pass needs within its time cap (--max-duration)")
+    return floor_rate
+
+
+def _bracket_notes(search: _Search, lo: float | None, hi: float | None, *, tol: float,
+                   max_probes: int, below_floor: bool) -> bool:
+    """Whether the bracket closed within ``tol``; when it did not, or no rate passed,
+    the notes say why, so an open answer is never read as a converged one."""
     if lo is None and not below_floor:
         # The test the budget cut (the last) says nothing of the floor: its note says why.
         search.notes.extend(zone_notes(search.probes[:-1] if search.cut_at is not None
-                                       else search.probes, slo))
+                                       else search.probes, search.slo))
     converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
     if lo is not None and hi is not None and not converged and search.proof is not None:
         search.notes.append(
@@ -1028,26 +1084,18 @@ def find_ceiling(
             f"probe budget ({max_probes}) spent before the bracket closed: the ceiling lies "
             f"between {_rate(lo)} and {_rate(hi)} req/s ({hi / lo - 1:.1%} apart, tol "
             f"{tol:.1%}); raise max_probes for a tighter answer")
-    binding = _binding(search, hi)
+    return converged
 
+
+def _saturation(search: _Search, run: _Run) -> tuple[float | None, str | None]:
+    """The saturated throughput and how it was found: the saturation probe's, else the
+    most that overloaded probes served (what the step-down estimate needs)."""
+    saturated, saturated_how = run.saturated, run.saturated_how
     if saturated is None:
         over = [p.capacity_seen for p in search.probes if p.overloaded]
         if over:
             saturated, saturated_how = max(over), "estimated from overloaded probes"
-    stepdown = (stepdown_probe_count(saturated, lo)
-                if saturated is not None and lo is not None else None)
-
-    return CeilingResult(
-        slo=slo, confidence=confidence, tol=tol, headroom=headroom,
-        source=search.source or "unknown", feasible=lo is not None,
-        feasible_max=lo, infeasible_min=hi, converged=converged, binding=binding,
-        probes=search.probes, search_probes=search.used,
-        saturated_throughput=saturated, saturated_how=saturated_how,
-        stepdown_probes=stepdown,
-        stepdown_rate=(stepdown_rate(saturated, lo)
-                       if saturated is not None and lo is not None else None),
-        spread=spread, notes=search.notes, below_start=below_start,
-        budget_spent=budget_spent, below_floor=below_floor, proof=search.proof)
+    return saturated, saturated_how
 
 
 def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.backends.base import Backend, LoadPlan, LoadRun, TrialFailed
+from autotune.core.files import json_safe
 from autotune.core.metrics import Summary, summarize
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, SLOCheck
@@ -101,7 +102,7 @@ class TrialResult:
     def to_attrs(self) -> dict[str, Any]:
         """JSON-able figures for the trial's user attrs."""
         s = self.summary
-        return _finite({
+        return json_safe({
             "status": self.status,
             "feasible": self.feasible,
             "mode": self.mode,
@@ -125,16 +126,6 @@ class TrialResult:
             "evidence": None if self.evidence is None else self.evidence.to_dict(),
             "budget_cut": self.budget_cut,
         })
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and (math.isinf(obj) or math.isnan(obj)):
-        return None
-    if isinstance(obj, dict):
-        return {str(k): _finite(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 # ----------------------------------------------------------------------------- evaluate
@@ -405,7 +396,7 @@ def write_records(out_dir: Path, number: int, records: Sequence[RequestRecord]) 
             # Not asdict(): it deep-copies every chunk time, which dominated a study.
             d = {k: getattr(r, k) for k in _RECORD_FIELDS}
             d["num_chunks"] = len(r.chunk_times_s)
-            f.write(json.dumps(_finite(d)) + "\n")
+            f.write(json.dumps(json_safe(d)) + "\n")
     tmp.replace(path)
     return path
 

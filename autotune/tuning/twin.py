@@ -724,11 +724,11 @@ def predict_ceiling(profile: HardwareProfile, model: ModelProfile, flags: Mappin
     """The steady-state ceiling and goodput of ``flags`` on the twin: the ceiling search
     a study's trial runs (``find_ceiling`` over a ``BackendProbe`` with the study's
     plan), on the simulator with ``profile``, in virtual time."""
-    from autotune.backends.sim import SimBackend
+    from autotune.backends.factory import BackendSpec, create_backend
     from autotune.tuning.ceiling import BackendProbe, find_ceiling, search_steady
 
     cpu0 = time.process_time()
-    backend = SimBackend(profile, model)
+    backend = create_backend(BackendSpec(kind="sim", hardware=profile, sim_model=model))
     pool = list(plan.warmup_requests) + list(plan.requests)
     probe = BackendProbe(backend, flags, plan.slo, pool, warmup=plan.warmup,
                          seed=plan.seed, window_s=plan.window_s,

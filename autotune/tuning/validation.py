@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.backends.base import Backend, LoadPlan
+from autotune.tuning.ceiling import PROOF_SAFE_SHARE
 from autotune.tuning.trial import TrialResult, evaluate
 from autotune.tuning.verdict import PASS, Prior, SteadyState, merge_prior
 
@@ -120,7 +121,8 @@ def validate_cap(
     # requests at this rate (up to the hard cap).  The plan's ``prior`` (the ceiling
     # search's tests at rates at or above the cap) and ``looks`` (its share of the
     # search's false-pass rate) come with it: each run is one more pooled look.
-    steady = replace(base, min_duration_s=duration_s, max_duration_s=None)
+    steady = replace(base, min_duration_s=duration_s, max_duration_s=None,
+                     safe_share=PROOF_SAFE_SHARE)
     long_plan = replace(plan, steady=steady)
     out = Validation(duration_s=duration_s)
     rate = cap

@@ -476,15 +476,51 @@ def judge(
     t_end = min(now, last_arrival) if final else now
     at_s = max(t_end - t0, 0.0)
     h = cohort_horizon(slo, a)
-    nothing_running = bool(np.all(a.ok | a.failed))
-    cutoff = now - h
-    idx = np.nonzero((a.sched <= cutoff) | (final & nothing_running))[0]
-    idx = idx[np.argsort(a.sched[idx], kind="stable")]  # arrival order, for clustering
-    reasons: list[str] = []
-    fails: list[str] = []
-    limits: list[LimitEvidence] = []
+    idx = _cohort(a, now - h, final)
     # The steady part: the second half of the arrivals so far (stationarity only).
     steady_from = t0 + 0.5 * at_s
+    limits, fails = _judge_limits(a, idx, slo, now, rule)
+    st = _stationarity(a, steady_from, t_end, offered_rate, h, rule)
+    growth = _growth_failure(a, st, steady_from, t_end, at_s, min_s, rule)
+    if growth is not None:
+        fails.append(growth)
+    cohort_span, goodput_req, goodput_tok, n_failed = _goodput(a, idx, slo)
+
+    if fails:
+        verdict, reasons = FAIL, fails
+    else:
+        need = _needs(limits, slo, rule, st, at_s, min_s, offered_rate)
+        if need:
+            verdict, reasons = INCONCLUSIVE, need
+        else:
+            verdict, reasons = PASS, [_pass_reason(limits, int(idx.size), st)]
+    return Evidence(
+        verdict=verdict, reasons=tuple(reasons), at_s=at_s, cohort=int(idx.size),
+        cohort_span_s=cohort_span, limits=tuple(limits), offered_rate=offered_rate,
+        arrival_rate=st.arrival_rate, served_rate=st.served_rate, backlog_slope=st.slope,
+        backlog_upper=st.upper_slope, backlog_lower=st.lower_slope,
+        backlog_allowed=st.allowed_slope,
+        failures=n_failed, goodput_requests=goodput_req, goodput_tokens=goodput_tok,
+        steady_from_s=steady_from - t0, min_duration_s=min_s, horizon_s=h,
+        sent=int(np.count_nonzero(a.sent <= now)),
+        completed=int(np.count_nonzero(a.end <= now)))
+
+
+def _cohort(a: _Arrays, cutoff: float, final: bool) -> np.ndarray:
+    """The judged requests, chosen by arrival time (never by outcome, so a fast request
+    is not judged before a slow one that arrived with it), in arrival order for the
+    clustering; once a final test has nothing running, every request is judged."""
+    nothing_running = bool(np.all(a.ok | a.failed))
+    idx = np.nonzero((a.sched <= cutoff) | (final & nothing_running))[0]
+    return idx[np.argsort(a.sched[idx], kind="stable")]
+
+
+def _judge_limits(a: _Arrays, idx: np.ndarray, slo: SLO, now: float, rule: SteadyState
+                  ) -> tuple[list[LimitEvidence], list[str]]:
+    """Each limit's sequential test over the cohort, and the reasons of those shown
+    unsafe: a limit fails on its own, whatever the queue does."""
+    fails: list[str] = []
+    limits: list[LimitEvidence] = []
     for limit in slo.limits:
         ev = _limit_evidence(a, idx, limit, now, rule)
         limits.append(ev)
@@ -493,7 +529,31 @@ def judge(
                          f"({ev.late / max(ev.n, 1):.2%}, clustering x{ev.dispersion:.2g}) "
                          f"show with {rule.fail_confidence:.0%} confidence that more than "
                          f"{limit_test(limit, rule).allowance:.1%} exceed it")
+    return limits, fails
 
+
+@dataclass(frozen=True)
+class _Stationarity:
+    """Whether the queue keeps up over the steady part, judged apart from the latencies
+    (which count every judged request): arrivals against completions, and the
+    backlog's growth with its bounds (None: not bounded)."""
+
+    arr_n: int
+    done_n: int
+    span: float
+    arrival_rate: float
+    served_rate: float
+    mean_backlog: float
+    allowed_slope: float
+    slope: float | None
+    upper_slope: float | None
+    lower_slope: float | None
+
+
+def _stationarity(a: _Arrays, steady_from: float, t_end: float, offered_rate: float,
+                  h: float, rule: SteadyState) -> _Stationarity:
+    """Arrivals, completions and the backlog's trend over the steady part, which both
+    the fail on growth and the pass (or its missing conditions) rest on."""
     arr_n = int(np.sum((a.sched > steady_from) & (a.sched <= t_end)))
     done_n = int(np.sum((a.end > steady_from) & (a.end <= t_end)))
     span = t_end - steady_from
@@ -515,6 +575,14 @@ def judge(
                 slope = trend.slope
                 upper_slope = trend.slope + _Z[rule.confidence] * trend.stderr
                 lower_slope = trend.slope - _Z[rule.fail_confidence] * trend.stderr
+    return _Stationarity(arr_n, done_n, span, arrival_rate, served_rate, mean_backlog,
+                         allowed_slope, slope, upper_slope, lower_slope)
+
+
+def _growth_failure(a: _Arrays, st: _Stationarity, steady_from: float, t_end: float,
+                    at_s: float, min_s: float, rule: SteadyState) -> str | None:
+    """The fail reason when the backlog's growth is shown above the allowance, and only
+    once that growth cannot be a queue still filling up or wandering; else None."""
     # Growth is only judged once the arrivals have run the minimum duration: before
     # that, a queue near (but under) capacity is still filling up, and its backlog
     # grows for tens of seconds without being overloaded.
@@ -524,80 +592,92 @@ def judge(
     stay = float(np.percentile(done_e2e, 90)) if done_e2e.size else math.inf
     # And a growth must be material in requests, not only in slope: at a few req/s a
     # queue of a handful wanders by more than the allowance's worth in a minute.
+    lower_slope = st.lower_slope
     growth = 0.0 if lower_slope is None else lower_slope * max(t_end - steady_from, 0.0)
-    material = growth >= max(8.0, 5.0 * math.sqrt(max(mean_backlog, 1.0)))
-    if (lower_slope is not None and lower_slope > allowed_slope and at_s >= min_s
+    material = growth >= max(8.0, 5.0 * math.sqrt(max(st.mean_backlog, 1.0)))
+    if (lower_slope is not None and lower_slope > st.allowed_slope and at_s >= min_s
             and at_s >= 4.0 * stay and material):
-        fails.append(f"backlog grows {slope:.3g} req/s (its {rule.fail_confidence:.0%} lower "
-                     f"bound {lower_slope:.3g} > {allowed_slope:.3g}, {rule.backlog_share:.0%} "
-                     "of the offered rate)")
+        return (f"backlog grows {st.slope:.3g} req/s (its {rule.fail_confidence:.0%} lower "
+                f"bound {lower_slope:.3g} > {st.allowed_slope:.3g}, "
+                f"{rule.backlog_share:.0%} of the offered rate)")
+    return None
 
+
+def _goodput(a: _Arrays, idx: np.ndarray, slo: SLO) -> tuple[float, float, float, int]:
+    """(cohort span, goodput in requests/s and tokens/s, failed requests) of the cohort:
+    figures the evidence reports whatever the verdict."""
     cohort_span = float(a.sched[idx].max() - a.sched[idx].min()) if idx.size > 1 else 0.0
     good = _good_mask(a, idx, slo)
     per_s = (idx.size - 1) / cohort_span / idx.size if cohort_span > 0 else 0.0
     goodput_req = float(good.sum()) * per_s
     goodput_tok = float(a.out_tokens[idx][good].sum()) * per_s
     n_failed = int(a.failed[idx].sum()) if idx.size else 0
+    return cohort_span, goodput_req, goodput_tok, n_failed
 
-    if fails:
-        verdict, reasons = FAIL, fails
-    else:
-        need: list[str] = []
-        for ev in limits:
-            if not ev.passes:
-                more = ("" if ev.to_pass is None
-                        else f"; {ev.to_pass} more under it would pass")
-                if ev.pooled_n:
-                    more += (f" (pooled with higher rates: {ev.pooled_exceed} of "
-                             f"{ev.pooled_n})")
-                need.append(f"{ev.label}: {ev.exceed} of {ev.n} over {_s(ev.threshold_s)} "
-                            f"({_pct(ev.exceedance)}, P{_p(ev)} {_s(ev.observed_s)}, "
-                            f"clustering x{ev.dispersion:.2g}{_drift(ev)}): not yet shown under "
-                            f"{limit_test(_limit(slo, ev.label), rule).allowance:.1%}"
-                            f"{more}")
-        if at_s < min_s:
-            need.append(f"arrivals have run {at_s:.0f} of the {min_s:.0f} s minimum")
-        # Completions trail arrivals by the change in backlog over the span, which
-        # wanders by a few times the square root of its level in a stable queue.
-        slack = 3.0 * math.sqrt(mean_backlog + 1.0) if span > 0 else 0.0
-        if arrival_rate > 0 and done_n < rule.served_share * arr_n - slack:
-            need.append(f"served {served_rate:.3g} of {arrival_rate:.3g} req/s arriving over "
-                        f"the steady part (< {rule.served_share:.0%})")
-        if math.isfinite(offered_rate):
-            if upper_slope is None:
-                need.append("too little steady span to bound the backlog's growth")
-            elif rule.screen and lower_slope is not None and lower_slope >= allowed_slope:
-                # A screening test is short: over its few seconds of steady span the
-                # backlog of a stable queue wanders by its square root and fills for
-                # one stay, so a slope point estimate held half the configs of a 70B
-                # model under 40% of their ceilings.  It is dropped on growth shown;
-                # the proof bounds the growth.
-                need.append(f"backlog grows {slope:.3g} req/s ({rule.fail_confidence:.0%} "
-                            f"lower bound {lower_slope:.3g} not under {allowed_slope:.3g}, "
-                            f"{rule.backlog_share:.0%} of the offered rate)")
-            elif not rule.screen and upper_slope >= allowed_slope:
-                need.append(f"backlog slope {slope:.3g} req/s, {rule.confidence:.0%} upper "
-                            f"bound {upper_slope:.3g} not under {allowed_slope:.3g} "
-                            f"({rule.backlog_share:.0%} of the offered rate)")
-        if need:
-            verdict, reasons = INCONCLUSIVE, need
-        else:
-            verdict = PASS
-            reasons = [", ".join(f"{ev.label} {_s(ev.observed_s)}, {ev.exceed} of {ev.n} "
-                                 f"over {_s(ev.threshold_s)} ({_pct(ev.exceedance)}, "
-                                 f"clustering x{ev.dispersion:.2g})" for ev in limits)
-                       + f" over {idx.size} requests; served {served_rate:.3g} of "
-                       f"{arrival_rate:.3g} req/s; backlog slope {slope or 0.0:.2g} req/s "
-                       f"(bound {upper_slope or 0.0:.2g} < {allowed_slope:.2g})"]
-    return Evidence(
-        verdict=verdict, reasons=tuple(reasons), at_s=at_s, cohort=int(idx.size),
-        cohort_span_s=cohort_span, limits=tuple(limits), offered_rate=offered_rate,
-        arrival_rate=arrival_rate, served_rate=served_rate, backlog_slope=slope,
-        backlog_upper=upper_slope, backlog_lower=lower_slope, backlog_allowed=allowed_slope,
-        failures=n_failed, goodput_requests=goodput_req, goodput_tokens=goodput_tok,
-        steady_from_s=steady_from - t0, min_duration_s=min_s, horizon_s=h,
-        sent=int(np.count_nonzero(a.sent <= now)),
-        completed=int(np.count_nonzero(a.end <= now)))
+
+def _needs(limits: Sequence[LimitEvidence], slo: SLO, rule: SteadyState, st: _Stationarity,
+           at_s: float, min_s: float, offered_rate: float) -> list[str]:
+    """What a test that did not fail still lacks to pass (empty: it passes): so an
+    inconclusive verdict says what more evidence would settle it."""
+    need: list[str] = []
+    for ev in limits:
+        if not ev.passes:
+            more = ("" if ev.to_pass is None
+                    else f"; {ev.to_pass} more under it would pass")
+            if ev.pooled_n:
+                more += (f" (pooled with higher rates: {ev.pooled_exceed} of "
+                         f"{ev.pooled_n})")
+            need.append(f"{ev.label}: {ev.exceed} of {ev.n} over {_s(ev.threshold_s)} "
+                        f"({_pct(ev.exceedance)}, P{_p(ev)} {_s(ev.observed_s)}, "
+                        f"clustering x{ev.dispersion:.2g}{_drift(ev)}): not yet shown under "
+                        f"{limit_test(_limit(slo, ev.label), rule).allowance:.1%}"
+                        f"{more}")
+    if at_s < min_s:
+        need.append(f"arrivals have run {at_s:.0f} of the {min_s:.0f} s minimum")
+    # Completions trail arrivals by the change in backlog over the span, which
+    # wanders by a few times the square root of its level in a stable queue.
+    slack = 3.0 * math.sqrt(st.mean_backlog + 1.0) if st.span > 0 else 0.0
+    if st.arrival_rate > 0 and st.done_n < rule.served_share * st.arr_n - slack:
+        need.append(f"served {st.served_rate:.3g} of {st.arrival_rate:.3g} req/s arriving "
+                    f"over the steady part (< {rule.served_share:.0%})")
+    if math.isfinite(offered_rate):
+        backlog = _backlog_need(rule, st)
+        if backlog is not None:
+            need.append(backlog)
+    return need
+
+
+def _backlog_need(rule: SteadyState, st: _Stationarity) -> str | None:
+    """Why the backlog's growth does not yet allow a pass, or None when it does."""
+    slope, upper_slope, lower_slope = st.slope, st.upper_slope, st.lower_slope
+    allowed_slope = st.allowed_slope
+    if upper_slope is None:
+        return "too little steady span to bound the backlog's growth"
+    if rule.screen and lower_slope is not None and lower_slope >= allowed_slope:
+        # A screening test is short: over its few seconds of steady span the
+        # backlog of a stable queue wanders by its square root and fills for
+        # one stay, so a slope point estimate held half the configs of a 70B
+        # model under 40% of their ceilings.  It is dropped on growth shown;
+        # the proof bounds the growth.
+        return (f"backlog grows {slope:.3g} req/s ({rule.fail_confidence:.0%} "
+                f"lower bound {lower_slope:.3g} not under {allowed_slope:.3g}, "
+                f"{rule.backlog_share:.0%} of the offered rate)")
+    if not rule.screen and upper_slope >= allowed_slope:
+        return (f"backlog slope {slope:.3g} req/s, {rule.confidence:.0%} upper "
+                f"bound {upper_slope:.3g} not under {allowed_slope:.3g} "
+                f"({rule.backlog_share:.0%} of the offered rate)")
+    return None
+
+
+def _pass_reason(limits: Sequence[LimitEvidence], cohort: int, st: _Stationarity) -> str:
+    """The one reason a pass gives: every limit's figures and the queue's, so a pass
+    shows the margins it rests on."""
+    return (", ".join(f"{ev.label} {_s(ev.observed_s)}, {ev.exceed} of {ev.n} "
+                      f"over {_s(ev.threshold_s)} ({_pct(ev.exceedance)}, "
+                      f"clustering x{ev.dispersion:.2g})" for ev in limits)
+            + f" over {cohort} requests; served {st.served_rate:.3g} of "
+            f"{st.arrival_rate:.3g} req/s; backlog slope {st.slope or 0.0:.2g} req/s "
+            f"(bound {st.upper_slope or 0.0:.2g} < {st.allowed_slope:.2g})")
 
 
 def cohort_horizon(slo: SLO, a: _Arrays | None = None) -> float:

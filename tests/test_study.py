@@ -553,6 +553,121 @@ def test_a_lower_trial_still_suggesting_is_awaited_until_its_config_is_known() -
         other.wait()
 
 
+def test_a_sampled_stepped_float_config_finds_its_twin_despite_binary_noise() -> None:
+    """Optuna stores a sampled 0.85 of a 0.05-stepped float as 0.8500000000000001,
+    while the space's suggestion (what a trial compares) says 0.85.  Two workers that
+    sample such a config must still see one twin: the later trial waits for the
+    running one and reuses its answer (the database-restart test of two workers
+    evaluated a config twice, 2026-12-07), and a finished one is found as such."""
+    import socket
+    import threading
+
+    from autotune.study.study import CONFIGURED_ATTR, _await_running_twin, _same_config
+
+    gmu = SearchSpace.load("default").params["gpu_memory_utilization"]
+    study = optuna.create_study(direction="maximize",
+                                sampler=optuna.samplers.RandomSampler(seed=1))
+    other = subprocess.Popen(["sleep", "60"])  # the live process that runs the twin
+
+    def sampled_elsewhere() -> tuple[optuna.Trial, dict[str, Any]]:
+        trial = study.ask()
+        params = {gmu.name: gmu.suggest(trial)}
+        for key, value in (("autotune:pid", other.pid),
+                           ("autotune:host", socket.gethostname()), (CONFIGURED_ATTR, True)):
+            study._storage.set_trial_system_attr(trial._trial_id, key, value)
+        return trial, params
+
+    try:
+        twin, suggested = sampled_elsewhere()
+        # The noise this test is about (seed 1 draws 0.85 first).
+        assert suggested == {gmu.name: 0.85} and twin.params[gmu.name] != 0.85
+        looked, finished = threading.Event(), threading.Event()
+        real_get = study.get_trials
+
+        def spying_get(*args: Any, **kwargs: Any) -> Any:
+            if looked.is_set():
+                finished.wait(30)  # the twin's answer is stored before the next look
+            looked.set()  # the waiter has looked once and found the twin running
+            return real_get(*args, **kwargs)
+
+        def finish_twin() -> None:
+            if looked.wait(30):
+                twin.set_user_attr("result", {"launched": True})
+                study.tell(twin, 5.0)
+            finished.set()
+
+        study.get_trials = spying_get  # type: ignore[method-assign]
+        finisher = threading.Thread(target=finish_twin)
+        finisher.start()
+        answer = _await_running_twin(study, twin.number + 1, suggested, poll_s=0.01)
+        finished.set()
+        finisher.join()
+        study.get_trials = real_get  # type: ignore[method-assign]
+        assert answer is not None and answer.number == twin.number  # waited, reused
+        assert answer.state == TrialState.COMPLETE
+        # Once finished, the same config found by value: 0.85 as a queued config says it.
+        found = _same_config(study, twin.number + 1, {gmu.name: 0.85})
+        assert found is not None and found.number == twin.number
+        assert _same_config(study, twin.number + 1, {gmu.name: 0.9}) is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_lower_trial_read_torn_is_awaited_not_taken_for_another_config() -> None:
+    """PostgreSQL hands Optuna a trial's params and its system attrs from separate
+    statements (READ COMMITTED), so a look can catch a lower trial that finished
+    suggesting in between: the marker that says its config is known, beside only its
+    first values.  That is not another config: the later trial looks again, finds its
+    twin, and reuses its answer rather than start the same config a second time."""
+    import socket
+
+    from optuna.distributions import IntDistribution
+    from optuna.trial import FrozenTrial
+
+    from autotune.study.study import CONFIGURED_ATTR, _await_running_twin
+
+    study = optuna.create_study(direction="maximize")
+    other = subprocess.Popen(["sleep", "60"])  # the live process that runs the twin
+    try:
+        twin = study.ask()
+        config = {"max_num_seqs": twin.suggest_int("max_num_seqs", 1, 8),
+                  "max_num_batched_tokens": twin.suggest_int("max_num_batched_tokens", 1, 8)}
+        for key, value in (("autotune:pid", other.pid),
+                           ("autotune:host", socket.gethostname()), (CONFIGURED_ATTR, True)):
+            study._storage.set_trial_system_attr(twin._trial_id, key, value)
+        real = study._storage.get_trial(twin._trial_id)
+        torn = FrozenTrial(
+            number=real.number, state=TrialState.RUNNING, value=None,
+            datetime_start=real.datetime_start, datetime_complete=None,
+            params={"max_num_seqs": config["max_num_seqs"]},
+            distributions={"max_num_seqs": IntDistribution(1, 8)}, user_attrs={},
+            system_attrs=dict(real.system_attrs), intermediate_values={},
+            trial_id=real._trial_id)
+        looks = 0
+        real_get = study.get_trials
+
+        def torn_first(*args: Any, **kwargs: Any) -> Any:
+            nonlocal looks
+            if kwargs.get("states") != (TrialState.RUNNING,):
+                return real_get(*args, **kwargs)  # the look for a finished twin
+            looks += 1
+            if looks == 1:
+                return [torn]
+            if looks == 2:  # the twin has finished by the second look
+                twin.set_user_attr("result", {"launched": True})
+                study.tell(twin, 5.0)
+            return real_get(*args, **kwargs)
+
+        study.get_trials = torn_first  # type: ignore[method-assign]
+        answer = _await_running_twin(study, twin.number + 1, config, poll_s=0.0)
+        assert looks == 2
+        assert answer is not None and answer.number == twin.number  # its answer, reused
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_a_trial_failed_by_another_process_while_it_runs_does_not_end_the_study(
         tmp_path: Path) -> None:
     """Another process fails a trial of this search as stale (a heartbeat gap longer

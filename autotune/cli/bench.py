@@ -183,28 +183,11 @@ def bench(
 
 
 def _bench(o: BenchOptions) -> None:
-    from autotune.analysis import diagnose
     from autotune.client import loadgen
     from autotune.core.slo import combine
-    from autotune.workload import sources as workload
-    from autotune.workload import tokenizer
 
     slo = combine(o.slo_p99, o.slo) if (o.slo_p99 or o.slo) else None
-    _positive("--rate", o.rate, allow_inf=True)
-    _positive("--burstiness", o.burstiness)
-    _positive("--request-timeout", o.request_timeout)
-    if o.max_concurrency is not None and o.max_concurrency < 1:
-        raise UsageError(f"--max-concurrency must be at least 1, got {o.max_concurrency}")
-    if o.num_prompts < 1:
-        raise UsageError(f"--num-prompts must be at least 1, got {o.num_prompts}")
-    if o.warmup < 0:
-        raise UsageError(f"--warmup must be 0 or more, got {o.warmup}")
-    if o.dataset_path is not None and not Path(o.dataset_path).exists():
-        raise UsageError(f"dataset file {o.dataset_path} does not exist")
-    for name, value in (("--input-len", o.input_len), ("--output-len", o.output_len),
-                        ("--max-model-len", o.max_model_len)):
-        if value is not None and value < 1:
-            raise UsageError(f"{name} must be at least 1 token, got {value}")
+    _check_numbers(o)
     steady = _steady(o, slo)
     if steady is not None and o.rate == float("inf"):
         raise UsageError("a verdict needs a finite --rate (arrivals sized by time); drop "
@@ -214,35 +197,8 @@ def _bench(o: BenchOptions) -> None:
     sim = o.backend is BenchBackend.sim
     flags, profiles = _sim_flags(o) if sim else ({}, None)
     url = str(o.url).rstrip("/")
-    served = None
-    if sim:
-        model = str(flags.get("model"))
-    elif o.model and o.max_model_len is not None:
-        model = o.model  # the server is checked after the workload, before any load
-    else:
-        # The model's name or its context length comes from the server.
-        served = loadgen.check_server(url, api_key=o.api_key)
-        first = served.first_model  # a server with no model is refused even when named
-        model = o.model or first
-    context = o.max_model_len or (
-        int(flags.get("max_model_len") or profiles[1].max_model_len) if profiles
-        else served.max_model_len if served is not None and served.max_model_len
-        else DEFAULT_CONTEXT)
-    # A test judged against an SLO is sized by time: it draws at least
-    # workload.POOL_REQUESTS distinct requests, so a long test judges the workload's
-    # tail rather than the same few longest replies of a small pool again and again
-    # (its sequential tests take requests as independent).
-    total = (o.num_prompts if slo is None else workload.pool_size(o.num_prompts)) + o.warmup
-    with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
-                                  api_key=o.api_key) as tok:
-        if o.dataset is Dataset.sharegpt:
-            wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
-                                        max_model_len=context, seed=o.seed)
-        else:
-            wl = workload.synthetic_workload(
-                tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
-                distribution=o.length_distribution, input_spread=o.length_spread,
-                output_spread=o.length_spread, seed=o.seed)
+    model, served, context = _model_and_context(o, sim, flags, profiles, url)
+    wl = _load_workload(o, slo, sim, url, model, context)
     source = SIMULATED
     if not sim:
         # Nothing is sent before the server answers: a dead port is one line, exit 2.
@@ -262,6 +218,95 @@ def _bench(o: BenchOptions) -> None:
     else:
         summary, records = _run_http(o, url, model, warm, measured, source)
         evidence, where = None, f"{model} at {url}"
+
+    how, findings = _print_results(o, slo, summary, records, evidence, where, wl, warm)
+    run = {
+        "url": None if sim else url, "backend": o.backend.value, "model": model,
+        "rate": None if o.rate == float("inf") else o.rate,
+        "max_concurrency": o.max_concurrency, "config": flags or None,
+        "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
+        "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
+        "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
+        "transport": o.transport.value, "source": summary.source,
+        "slo": None if slo is None else str(slo), "notes": wl.notes,
+        "steady_state": None if steady is None else steady.to_dict(),
+        "diagnoses": [d.to_dict() for d in findings],
+    }
+    _write_outputs(o, run, how, summary, records, evidence)
+
+
+def _check_numbers(o: BenchOptions) -> None:
+    """Refuse rates, counts, lengths and a missing dataset before anything is loaded."""
+    _positive("--rate", o.rate, allow_inf=True)
+    _positive("--burstiness", o.burstiness)
+    _positive("--request-timeout", o.request_timeout)
+    if o.max_concurrency is not None and o.max_concurrency < 1:
+        raise UsageError(f"--max-concurrency must be at least 1, got {o.max_concurrency}")
+    if o.num_prompts < 1:
+        raise UsageError(f"--num-prompts must be at least 1, got {o.num_prompts}")
+    if o.warmup < 0:
+        raise UsageError(f"--warmup must be 0 or more, got {o.warmup}")
+    if o.dataset_path is not None and not Path(o.dataset_path).exists():
+        raise UsageError(f"dataset file {o.dataset_path} does not exist")
+    for name, value in (("--input-len", o.input_len), ("--output-len", o.output_len),
+                        ("--max-model-len", o.max_model_len)):
+        if value is not None and value < 1:
+            raise UsageError(f"{name} must be at least 1 token, got {value}")
+
+
+def _model_and_context(o: BenchOptions, sim: bool, flags: dict[str, Any], profiles: Any,
+                       url: str) -> tuple[str, Any, int]:
+    """The model to ask for and the context that bounds the workload, asking the server
+    only for what the options leave open."""
+    from autotune.client import loadgen
+
+    served = None
+    if sim:
+        model = str(flags.get("model"))
+    elif o.model and o.max_model_len is not None:
+        model = o.model  # the server is checked after the workload, before any load
+    else:
+        # The model's name or its context length comes from the server.
+        served = loadgen.check_server(url, api_key=o.api_key)
+        first = served.first_model  # a server with no model is refused even when named
+        model = o.model or first
+    context = o.max_model_len or (
+        int(flags.get("max_model_len") or profiles[1].max_model_len) if profiles
+        else served.max_model_len if served is not None and served.max_model_len
+        else DEFAULT_CONTEXT)
+    return model, served, context
+
+
+def _load_workload(o: BenchOptions, slo: Any, sim: bool, url: str, model: str,
+                   context: int) -> Any:
+    """Draw the requests, counting tokens as the model would, sized for a verdict when
+    there is an SLO."""
+    from autotune.workload import sources as workload
+    from autotune.workload import tokenizer
+
+    # A test judged against an SLO is sized by time: it draws at least
+    # workload.POOL_REQUESTS distinct requests, so a long test judges the workload's
+    # tail rather than the same few longest replies of a small pool again and again
+    # (its sequential tests take requests as independent).
+    total = (o.num_prompts if slo is None else workload.pool_size(o.num_prompts)) + o.warmup
+    with tokenizer.load_tokenizer(o.tokenizer, server_url=None if sim else url, model=model,
+                                  api_key=o.api_key) as tok:
+        if o.dataset is Dataset.sharegpt:
+            wl = workload.load_sharegpt(o.dataset_path, tokenizer=tok, num_prompts=total,
+                                        max_model_len=context, seed=o.seed)
+        else:
+            wl = workload.synthetic_workload(
+                tok, num_prompts=total, input_len=o.input_len, output_len=o.output_len,
+                distribution=o.length_distribution, input_spread=o.length_spread,
+                output_spread=o.length_spread, seed=o.seed)
+    return wl
+
+
+def _print_results(o: BenchOptions, slo: Any, summary: Any, records: Any, evidence: Any,
+                   where: str, wl: Any, warm: Any) -> tuple[str, Any]:
+    """Print the figures, how they were measured, the verdict and the diagnoses; the
+    written files repeat the last two."""
+    from autotune.analysis import diagnose
 
     for table in summary_tables(summary, title=f"autotune bench: {where}"):
         console.print(table)
@@ -285,19 +330,12 @@ def _bench(o: BenchOptions) -> None:
                                  {"thirds_rps": diagnose.thirds_throughput(records)})
     for line in diagnose.render(findings, "rich"):
         console.print(line, soft_wrap=True)
+    return how, findings
 
-    run = {
-        "url": None if sim else url, "backend": o.backend.value, "model": model,
-        "rate": None if o.rate == float("inf") else o.rate,
-        "max_concurrency": o.max_concurrency, "config": flags or None,
-        "num_prompts": len(measured), "warmup": len(warm), "dataset": wl.source,
-        "tokenizer": wl.tokenizer, "arrival": o.arrival.value, "burstiness": o.burstiness,
-        "endpoint": o.endpoint.value, "seed": o.seed, "request_timeout_s": o.request_timeout,
-        "transport": o.transport.value, "source": summary.source,
-        "slo": None if slo is None else str(slo), "notes": wl.notes,
-        "steady_state": None if steady is None else steady.to_dict(),
-        "diagnoses": [d.to_dict() for d in findings],
-    }
+
+def _write_outputs(o: BenchOptions, run: dict[str, Any], how: str, summary: Any,
+                   records: Any, evidence: Any) -> None:
+    """Write --output (in the layout asked for) and --csv, saying where each went."""
     if o.output is not None and o.output_format is OutputFormat.vllm:
         from autotune.analysis.vllm_results import write_vllm_result
         write_json(o.output, write_vllm_result(summary, records, run))

@@ -551,13 +551,7 @@ def _cap_phrase(steady: Any, slo: Any) -> str:
 
 def _ceiling(o: CeilingOptions, study: Any = None) -> int:
     from autotune.core.slo import combine
-    from autotune.tuning.ceiling import (
-        PROOF_CAP_S,
-        BackendProbe,
-        check_settings,
-        find_ceiling,
-        search_looks,
-    )
+    from autotune.tuning.ceiling import check_settings
 
     if o.slo_p99 is None and o.slo is None:
         raise UsageError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
@@ -575,12 +569,7 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
                    num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
                    repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
                    min_rate=o.min_rate)
-    from autotune.tuning.options import parse_steady, parse_validate
-
-    validate_s = parse_validate(o.validate)
-    steady = replace(parse_steady(o.min_duration, o.max_duration, o.num_prompts,
-                                  o.backlog_share),
-                     looks=search_looks(o.max_probes))
+    validate_s, steady = _durations(o)
     backend, where = _backend(o, kind, flags)
     seen: list[Any] = []  # every probe that ended, kept if the command is interrupted
     result: Any = None
@@ -592,46 +581,9 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         wl = _workload(o, total, o.url if kind == "attach" else None)
         pool = list(wl.requests)
         simulated = kind == "sim"
-        out = console
-        out.print(f"ceiling of {flags or 'the default config'} on {where}; SLO {slo}; "
-                  f"workload {wl.source} ({len(pool)} requests, tokens counted with "
-                  f"{wl.tokenizer}); {o.warmup} warm-up requests per probe excluded"
-                  + ("; every figure is simulated" if simulated else ""), soft_wrap=True)
-        out.print(header(simulated), soft_wrap=True, highlight=False)
-        probe = BackendProbe(backend, flags, slo, pool, warmup=o.warmup, seed=o.seed,
-                             prune=not o.no_prune, steady=steady)
-        out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals before it may "
-                  f"pass, up to {_cap_phrase(steady, slo)}, stopped when its steady-state "
-                  f"verdict is certain; each limit passes when a sequential test shows "
-                  f"its exceedance under the percentile's allowance (at most "
-                  f"{1 - steady.confidence:.0%} false passes)", soft_wrap=True)
-        # A trial of a study starts where the search started it, so that the same probes
-        # give the same answer ("measured as the search did").
-        start, must_pass = (replay_start(_stored_trial(o, study))
-                            if study is not None and o.start_rate is None
-                            else (o.start_rate, False))
-
-        def on_probe(p: Any) -> None:
-            seen.append(p)
-            out.print(probe_line(p, simulated), soft_wrap=True, highlight=False)
-
-        result = find_ceiling(
-            probe, slo=slo, start_rate=start, tol=o.tol, max_probes=o.max_probes,
-            first_must_pass=must_pass, then_down=True,
-            num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
-            repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
-            min_rate=o.min_rate, max_rate=o.max_rate,
-            lowest_rate=steady.lowest_rate(slo), on_probe=on_probe,
-            proof_cap_s=PROOF_CAP_S if o.max_duration is None else steady.max_s(slo))
-        if validate_s and result.recommended_cap and result.proof is None:
-            _validate(o, result, backend, probe, flags, validate_s, simulated)
-        elif validate_s and result.recommended_cap:
-            # A run of a few minutes at the cap cannot decide near the floor; the proof
-            # is already the long run, at a rate above the cap.
-            result.notes.append(
-                f"no separate validation: the proof is the long run ("
-                f"{_proof_span(result)} of arrivals at {result.feasible_max:.4g} req/s, "
-                f"above the cap)")
+        probe = _start_probe(o, backend, flags, where, slo, steady, wl, pool, simulated)
+        result = _search(o, probe, slo, steady, study, seen, simulated)
+        _validate_cap(o, result, backend, probe, flags, validate_s, simulated)
     except (KeyboardInterrupt, SystemExit) as exc:
         code = interrupted_code(exc)
         if code is None:
@@ -643,12 +595,99 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         raise typer.Exit(code) from None
     finally:
         backend.close()
+    _drain_notes(probe, result)
+    _print_answer(result)
+    _write_files(o, result, flags, kind, where, wl, pool)
+    return 0 if result.feasible else 1
+
+
+def _durations(o: CeilingOptions) -> tuple[float | None, Any]:
+    """The validation run's length and each probe's steady-state rule, with as many
+    looks as the search may take."""
+    from autotune.tuning.ceiling import search_looks
+    from autotune.tuning.options import parse_steady, parse_validate
+
+    validate_s = parse_validate(o.validate)
+    steady = replace(parse_steady(o.min_duration, o.max_duration, o.num_prompts,
+                                  o.backlog_share),
+                     looks=search_looks(o.max_probes))
+    return validate_s, steady
+
+
+def _start_probe(o: CeilingOptions, backend: Any, flags: dict[str, Any], where: str,
+                 slo: Any, steady: Any, wl: Any, pool: list[Any], simulated: bool) -> Any:
+    """Say what is measured and how each probe is judged, around building the probe."""
+    from autotune.tuning.ceiling import BackendProbe
+
+    out = console
+    out.print(f"ceiling of {flags or 'the default config'} on {where}; SLO {slo}; "
+              f"workload {wl.source} ({len(pool)} requests, tokens counted with "
+              f"{wl.tokenizer}); {o.warmup} warm-up requests per probe excluded"
+              + ("; every figure is simulated" if simulated else ""), soft_wrap=True)
+    out.print(header(simulated), soft_wrap=True, highlight=False)
+    probe = BackendProbe(backend, flags, slo, pool, warmup=o.warmup, seed=o.seed,
+                         prune=not o.no_prune, steady=steady)
+    out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals before it may "
+              f"pass, up to {_cap_phrase(steady, slo)}, stopped when its steady-state "
+              f"verdict is certain; each limit passes when a sequential test shows "
+              f"its exceedance under the percentile's allowance (at most "
+              f"{1 - steady.confidence:.0%} false passes)", soft_wrap=True)
+    return probe
+
+
+def _search(o: CeilingOptions, probe: Any, slo: Any, steady: Any, study: Any,
+            seen: list[Any], simulated: bool) -> Any:
+    """Run the rate search, printing and keeping each probe as it ends."""
+    from autotune.tuning.ceiling import PROOF_CAP_S, find_ceiling
+
+    out = console
+    # A trial of a study starts where the search started it, so that the same probes
+    # give the same answer ("measured as the search did").
+    start, must_pass = (replay_start(_stored_trial(o, study))
+                        if study is not None and o.start_rate is None
+                        else (o.start_rate, False))
+
+    def on_probe(p: Any) -> None:
+        seen.append(p)
+        out.print(probe_line(p, simulated), soft_wrap=True, highlight=False)
+
+    return find_ceiling(
+        probe, slo=slo, start_rate=start, tol=o.tol, max_probes=o.max_probes,
+        first_must_pass=must_pass, then_down=True,
+        num_prompts=o.num_prompts, max_num_prompts=o.max_num_prompts,
+        repeats=o.repeats, confidence=o.confidence, headroom=o.headroom,
+        min_rate=o.min_rate, max_rate=o.max_rate,
+        lowest_rate=steady.lowest_rate(slo), on_probe=on_probe,
+        proof_cap_s=PROOF_CAP_S if o.max_duration is None else steady.max_s(slo))
+
+
+def _validate_cap(o: CeilingOptions, result: Any, backend: Any, probe: Any,
+                  flags: dict[str, Any], validate_s: float | None, simulated: bool) -> None:
+    """Validate the cap with its own run, unless the proof already ran long at a rate
+    above it."""
+    if validate_s and result.recommended_cap and result.proof is None:
+        _validate(o, result, backend, probe, flags, validate_s, simulated)
+    elif validate_s and result.recommended_cap:
+        # A run of a few minutes at the cap cannot decide near the floor; the proof
+        # is already the long run, at a rate above the cap.
+        result.notes.append(
+            f"no separate validation: the proof is the long run ("
+            f"{_proof_span(result)} of arrivals at {result.feasible_max:.4g} req/s, "
+            f"above the cap)")
+
+
+def _drain_notes(probe: Any, result: Any) -> None:
+    """Note how the server was drained between probes, since it bears on each figure."""
     if probe.drain_note:
         result.notes.append(probe.drain_note)
     elif probe.drain:
         result.notes.append(
             f"between probes the server drained: /metrics showed vllm:num_requests_running "
             f"and vllm:num_requests_waiting both 0 ({probe.drain_s:.1f} s waited in all)")
+
+
+def _print_answer(result: Any) -> None:
+    """Print the answer and its details, on stderr when no rate met the SLO."""
     if not result.feasible:
         err_console.print(result.sentence(), soft_wrap=True, highlight=False)
         for line in details(result):
@@ -657,7 +696,11 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
         console.print(result.sentence(), soft_wrap=True, highlight=False)
         for line in details(result):
             console.print(line, soft_wrap=True, highlight=False)
-    # Every probe's evidence is kept, answer or not.
+
+
+def _write_files(o: CeilingOptions, result: Any, flags: dict[str, Any], kind: str,
+                 where: str, wl: Any, pool: list[Any]) -> None:
+    """Keep every probe's evidence in --output and --csv, answer or not."""
     if o.output is not None:
         data = result.to_dict()
         data["config"] = flags
@@ -670,4 +713,3 @@ def _ceiling(o: CeilingOptions, study: Any = None) -> int:
     if o.csv_path is not None:
         atomic_write(o.csv_path, probes_csv(result))
         console.print(f"wrote {o.csv_path}")
-    return 0 if result.feasible else 1

@@ -35,6 +35,7 @@ from autotune.tuning.options import (
 )
 
 if TYPE_CHECKING:
+    from autotune.analysis.recommend import RecommendError
     from autotune.backends.base import Backend
 
 BACKENDS = ("sim", "vllm", "attach")
@@ -168,19 +169,48 @@ class Plan:
 def _validate(o: SearchOptions) -> Plan:
     from autotune.core.slo import combine
     from autotune.study.space import SearchSpace
-    from autotune.study.study import (
-        OBJECTIVES,
-        SAMPLERS,
-        StudySettings,
-        make_sampler,
-        storage_url,
-        validate_name,
-    )
+    from autotune.study.study import StudySettings, validate_name
 
     if o.slo_p99 is None and o.slo is None:
         raise OptionsError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
     slo = combine(o.slo_p99, o.slo)
     space = SearchSpace.load(o.space)
+    backend = _check_backend(o, space)
+    _check_ranges(o)
+    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
+    validate_s = parse_validate(o.validate)
+    if not o.startup_timeout > 0:
+        raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
+                         f"{o.startup_timeout:g}")
+    gpu_ids = parse_gpu_ids(o.gpu_ids)
+    env = parse_env(list(o.vllm_env))
+    timeout_s, budget_s = _time_limits(o, validate_s)
+    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
+    heads = _attention_heads(o, backend, space.attention_heads, hw, sim_model, count)
+    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
+    validate_name(name)
+    url = _storage_for(o, name)
+    settings = StudySettings(
+        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
+        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
+        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
+        # The default simulated study must finish in well under two minutes even on a
+        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
+        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
+        else 75.0,
+        budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
+        attention_heads=heads, tol=o.tol,
+        max_probes=o.max_probes, headroom=o.headroom, screen=o.prove_top > 0)
+    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
+                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
+                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
+                twin_prior=(o.twin_prior or hw) if o.twin else None)
+
+
+def _check_backend(o: SearchOptions, space: Any) -> str:
+    """Pick the backend and refuse the choices that do not go with it, before any work."""
+    from autotune.study.study import OBJECTIVES, SAMPLERS, make_sampler
+
     if o.sampler.lower() not in SAMPLERS:
         raise OptionsError(f"unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}")
     make_sampler(o.sampler, seed=o.seed, space=space)  # e.g. GP without PyTorch
@@ -203,6 +233,11 @@ def _validate(o: SearchOptions) -> Plan:
     if o.twin_candidates < 0:
         raise OptionsError(f"--twin-candidates must be 0 (predict only the trial at hand) "
                            f"or more, got {o.twin_candidates}")
+    return backend
+
+
+def _check_ranges(o: SearchOptions) -> None:
+    """Refuse counts and fractions out of range, naming the flag."""
     for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
                              ("--top-k", o.top_k, 1), ("--prescreen-trials",
                                                        o.prescreen_trials, 1)):
@@ -220,13 +255,11 @@ def _validate(o: SearchOptions) -> Plan:
         raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
     if o.max_probes < 1:
         raise OptionsError(f"--max-probes must be at least 1, got {o.max_probes}")
-    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
-    validate_s = parse_validate(o.validate)
-    if not o.startup_timeout > 0:
-        raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
-                         f"{o.startup_timeout:g}")
-    gpu_ids = parse_gpu_ids(o.gpu_ids)
-    env = parse_env(list(o.vllm_env))
+
+
+def _time_limits(o: SearchOptions, validate_s: float | None
+                 ) -> tuple[float | None, float | None]:
+    """--timeout and the server time --budget leaves the search once validation is paid."""
     timeout_s, budget_s = duration("--timeout", o.timeout), duration("--budget", o.budget)
     if budget_s is not None and validate_s is not None:
         # The answer's validation run is part of what the user asked the budget to cover.
@@ -236,8 +269,13 @@ def _validate(o: SearchOptions) -> Plan:
                 f"{o.validate} validation run: raise --budget above {o.validate}, or pass "
                 "--validate off")
         budget_s -= validate_s
-    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
-    heads = space.attention_heads
+    return timeout_s, budget_s
+
+
+def _attention_heads(o: SearchOptions, backend: str, heads: int | None, hw: str,
+                     sim_model: str, count: int) -> int | None:
+    """The model's attention heads (for TP rules), checking every simulator profile the
+    run will load so a bad one fails before anything starts."""
     if backend == "sim" or o.prescreen or o.twin or (backend == "vllm" and o.profile):
         from autotune.sim.profiles import ProfileError, load_hardware, load_model
 
@@ -251,8 +289,13 @@ def _validate(o: SearchOptions) -> Plan:
                 load_hardware(f"{count}x{o.twin_prior}")
             except (ProfileError, OSError, ValueError) as exc:
                 raise OptionsError(f"--twin-prior {o.twin_prior}: {exc}") from None
-    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
-    validate_name(name)
+    return heads
+
+
+def _storage_for(o: SearchOptions, name: str) -> str:
+    """The study's storage URL, refused here if it cannot be opened at all."""
+    from autotune.study.study import storage_url
+
     url = storage_url(name, o.storage, o.studies_dir)
     if o.storage:
         _check_storage_url(url)
@@ -260,21 +303,7 @@ def _validate(o: SearchOptions) -> Plan:
         folder = Path(url[len("sqlite:///"):]).resolve().parent
         if not folder.is_dir():
             raise OptionsError(f"cannot open storage {url}: folder {folder} does not exist")
-    settings = StudySettings(
-        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
-        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
-        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
-        # The default simulated study must finish in well under two minutes even on a
-        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
-        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
-        else 75.0,
-        budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
-        attention_heads=heads, tol=o.tol,
-        max_probes=o.max_probes, headroom=o.headroom, screen=o.prove_top > 0)
-    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
-                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
-                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
-                twin_prior=(o.twin_prior or hw) if o.twin else None)
+    return url
 
 
 SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
@@ -502,7 +531,7 @@ def run_search(o: SearchOptions) -> int:
     from autotune.servers.process import interrupted_code
     from autotune.study.optuna_adapter import quiet_logging
     from autotune.study.storage import mask_url, open_storage
-    from autotune.study.study import rate_bounds, run_study
+    from autotune.study.study import run_study
 
     quiet_logging()
 
@@ -512,39 +541,16 @@ def run_search(o: SearchOptions) -> int:
     # A missing tracker package fails here, before anything is written or run.
     trackers = make_trackers(wandb_project=o.wandb, mlflow_uri=o.mlflow)
     on_trial_end = optuna_callback(trackers, plan.name) if trackers else None
-    if plan.backend == "attach":
-        plan.space = _attach_space(plan.space)
-        plan.settings.space = plan.space
-    elif o.model and "model" not in plan.space.fixed:
-        # So the recommendation's `vllm serve` line names the model that was measured.
-        from dataclasses import replace
-
-        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
-        plan.settings.space = plan.space
+    _fit_space(o, plan)
     wl = _workload(o, plan)
     load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
     # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
     # retries (autotune.study.storage), so `autotune worker`s can share the study.
     if not o.storage:
-        # --studies-dir is autotune's own output folder (only a --storage URL names a
-        # folder that must already exist).
-        try:
-            Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise OptionsError(f"--studies-dir {o.studies_dir}: cannot create it "
-                               f"({exc.strerror or exc})") from None
+        _make_studies_dir(o)
     storage = open_storage(plan.storage)
     out = console
-    rule = plan.steady
-    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
-              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
-              f"({len(load_plan.requests)} requests, cycled), tokens counted with "
-              f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
-              f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
-              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
-              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
-              "its steady-state verdict is certain", soft_wrap=True)
-    out.print(_time_line(plan, rule, o.prove_top), soft_wrap=True)
+    _print_header(o, plan, wl, load_plan, out)
     enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
     # The first configs come from the simulator whenever a profile is known: a real
     # study given --profile is pre-screened unless told otherwise.
@@ -562,46 +568,9 @@ def run_search(o: SearchOptions) -> int:
                             on_probe=view.probe, on_progress=view.progress,
                             attrs=_study_attrs(o, plan, wl, load_plan),
                             **_twin_hooks(twin, out))
-        views = _views(run.study)
-        bounds = rate_bounds(plan.space)
-        rec = rec_mod.recommend(
-            views, slo=str(plan.slo),
-            objective=("output tok/s" if o.objective == "tokens" else "req/s")
-            + (" per GPU" if o.per_gpu else ""),
-            headroom=o.headroom, rate_high=bounds[1] if bounds else None)
-        phases["study"] = run.wall_s
-        ceilings: list[Any] = []
-        if o.prove_top:
-            t0 = time.monotonic()
-            ceilings = _prove(o, plan, run, backend, load_plan, out, view,
-                              deadline_s=None if plan.settings.budget_s is None
-                              else server0 + plan.settings.budget_s)
-            rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
-                                         objective=o.objective, per_gpu=o.per_gpu)
-            phases["proof"] = time.monotonic() - t0
-        if plan.backend == "attach":
-            rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
-                                "cannot see its flags; keep them and enforce the rate cap)")
-        if plan.validate_s and rec.rate_cap:
-            t0 = time.monotonic()
-            proof = next((c.result for c in ceilings if c.trial == rec.best.trial
-                          and hasattr(c.result, "probes")), None)
-            _validate_cap(rec, backend, load_plan, plan, out, proof=proof,
-                          deadline_s=None if plan.settings.budget_s is None
-                          else server0 + plan.settings.budget_s + plan.validate_s)
-            phases["validation"] = time.monotonic() - t0
-        _rate_table(rec, run.study, backend)
+        rec = _recommend_proved(o, plan, run, backend, load_plan, out, view, server0, phases)
     except rec_mod.RecommendError as exc:
-        text = str(exc)
-        if isinstance(exc, rec_mod.NothingFeasible):
-            floor = _floor_note(run.study, plan.slo, load_plan)
-            if floor:  # "lower the rate" is the wrong advice there: say why instead
-                text = f"{exc.finding}: {floor}"
-        # How the run ended is part of the answer: a budget that ran out is the first
-        # thing to raise when nothing met the SLO in time.
-        text += (f" (this run: {run.new_trials} new trials, {run.server_s:.0f} s server "
-                 f"time, stopped by {run.stopped_by})")
-        err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
+        _no_recommendation(exc, plan, run, load_plan)
         _report(plan, out)  # the trials that ran are still worth a look
         return 1
     except (KeyboardInterrupt, SystemExit) as exc:
@@ -618,6 +587,110 @@ def run_search(o: SearchOptions) -> int:
         for t in trackers:
             with contextlib.suppress(Exception):
                 t.close()
+    _add_run_notes(rec, plan, run, server_all)
+    _write_answer(plan, rec, out, phases)
+    return 0
+
+
+def _fit_space(o: SearchOptions, plan: Plan) -> None:
+    """Narrow or complete the space to what this backend can start and report."""
+    if plan.backend == "attach":
+        plan.space = _attach_space(plan.space)
+        plan.settings.space = plan.space
+    elif o.model and "model" not in plan.space.fixed:
+        # So the recommendation's `vllm serve` line names the model that was measured.
+        from dataclasses import replace
+
+        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
+        plan.settings.space = plan.space
+
+
+def _make_studies_dir(o: SearchOptions) -> None:
+    """Create the default storage's folder, failing as an option error if it cannot be."""
+    # --studies-dir is autotune's own output folder (only a --storage URL names a
+    # folder that must already exist).
+    try:
+        Path(o.studies_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OptionsError(f"--studies-dir {o.studies_dir}: cannot create it "
+                           f"({exc.strerror or exc})") from None
+
+
+def _print_header(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any,
+                  out: Console) -> None:
+    """Say up front what is measured and how long it may take, before any server starts."""
+    from autotune.study.storage import mask_url
+
+    rule = plan.steady
+    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
+              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
+              f"({len(load_plan.requests)} requests, cycled), tokens counted with "
+              f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
+              f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
+              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
+              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
+              "its steady-state verdict is certain", soft_wrap=True)
+    out.print(_time_line(plan, rule, o.prove_top), soft_wrap=True)
+
+
+def _recommend_proved(o: SearchOptions, plan: Plan, run: Any, backend: Backend,
+                      load_plan: Any, out: Console, view: LiveView, server0: float,
+                      phases: dict[str, float]) -> Any:
+    """Turn the study into a recommendation, proved and validated where asked, so the
+    answer rests on full tests rather than screening ones."""
+    from autotune.analysis import recommend as rec_mod
+    from autotune.study.study import rate_bounds
+
+    views = _views(run.study)
+    bounds = rate_bounds(plan.space)
+    rec = rec_mod.recommend(
+        views, slo=str(plan.slo),
+        objective=("output tok/s" if o.objective == "tokens" else "req/s")
+        + (" per GPU" if o.per_gpu else ""),
+        headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+    phases["study"] = run.wall_s
+    ceilings: list[Any] = []
+    if o.prove_top:
+        t0 = time.monotonic()
+        ceilings = _prove(o, plan, run, backend, load_plan, out, view,
+                          deadline_s=None if plan.settings.budget_s is None
+                          else server0 + plan.settings.budget_s)
+        rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
+                                     objective=o.objective, per_gpu=o.per_gpu)
+        phases["proof"] = time.monotonic() - t0
+    if plan.backend == "attach":
+        rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
+                            "cannot see its flags; keep them and enforce the rate cap)")
+    if plan.validate_s and rec.rate_cap:
+        t0 = time.monotonic()
+        proof = next((c.result for c in ceilings if c.trial == rec.best.trial
+                      and hasattr(c.result, "probes")), None)
+        _validate_cap(rec, backend, load_plan, plan, out, proof=proof,
+                      deadline_s=None if plan.settings.budget_s is None
+                      else server0 + plan.settings.budget_s + plan.validate_s)
+        phases["validation"] = time.monotonic() - t0
+    _rate_table(rec, run.study, backend)
+    return rec
+
+
+def _no_recommendation(exc: RecommendError, plan: Plan, run: Any, load_plan: Any) -> None:
+    """Say why there is no answer, with how the run ended, since that is what to change."""
+    from autotune.analysis import recommend as rec_mod
+
+    text = str(exc)
+    if isinstance(exc, rec_mod.NothingFeasible):
+        floor = _floor_note(run.study, plan.slo, load_plan)
+        if floor:  # "lower the rate" is the wrong advice there: say why instead
+            text = f"{exc.finding}: {floor}"
+    # How the run ended is part of the answer: a budget that ran out is the first
+    # thing to raise when nothing met the SLO in time.
+    text += (f" (this run: {run.new_trials} new trials, {run.server_s:.0f} s server "
+             f"time, stopped by {run.stopped_by})")
+    err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
+
+
+def _add_run_notes(rec: Any, plan: Plan, run: Any, server_all: float) -> None:
+    """Note how this run went (retries, takeovers, time spent) beside the answer."""
     if run.stale_failed:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
@@ -636,6 +709,12 @@ def run_search(o: SearchOptions) -> int:
         f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
         "one load test below the incumbent's rate; "
         f"{server_all:.0f} s server time in all (study, proof and validation)")
+
+
+def _write_answer(plan: Plan, rec: Any, out: Console, phases: dict[str, float]) -> None:
+    """Write and print the recommendation, then the report, and where the time went."""
+    from autotune.analysis import recommend as rec_mod
+
     folder = plan.settings.out_dir
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "recommendation.json", rec.to_dict())
@@ -647,7 +726,6 @@ def run_search(o: SearchOptions) -> int:
     phases["report"] = time.monotonic() - t0
     out.print("wall time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
               + f" ({sum(phases.values()):.1f} s in all)", soft_wrap=True)
-    return 0
 
 
 def _time_line(plan: Plan, rule: Any, prove_top: int) -> str:

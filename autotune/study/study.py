@@ -18,7 +18,7 @@ import math
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -600,9 +600,21 @@ def _same_config(study: optuna.Study, number: int, params: Mapping[str, Any]
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,
                                                       TrialState.PRUNED)):
         res = t.user_attrs.get("result") or {}
-        if t.number != number and res.get("launched") and dict(t.params) == dict(params):
+        if t.number != number and res.get("launched") and _same_params(t.params, params):
             return t
     return None
+
+
+def _same_params(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """``a`` and ``b`` are one config.  Optuna stores a sampled stepped float with its
+    binary noise (0.8500000000000001) where the space's suggestion, and a config
+    queued by value, say 0.85 (``Param.suggest`` rounds to 10 digits): compared as
+    they stand, a trial never found its twin of such a config and ran it again."""
+    return _comparable(a) == _comparable(b)
+
+
+def _comparable(params: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 10) if isinstance(v, float) else v for k, v in params.items()}
 
 
 def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, Any], *,
@@ -627,17 +639,27 @@ def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, A
         if beats:
             fail_stale_heartbeats(study)
         lower = [t for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-                 if t.number < number and (_choosing(t) or dict(t.params) == dict(params))
+                 if t.number < number
+                 and (_choosing(t, params) or _same_params(t.params, params))
                  and (beats or _alive_on_this_host(t))]
         if not lower:
             return _same_config(study, number, params)
         time.sleep(poll_s)
 
 
-def _choosing(t: FrozenTrial) -> bool:
+def _choosing(t: FrozenTrial, names: Collection[str] = ()) -> bool:
     """Still suggesting its values.  A trial of a process that never sets the marker (an
-    older autotune) counts so only for CHOOSING_S after its start, not for its run."""
-    if t.system_attrs.get(CONFIGURED_ATTR) or t.datetime_start is None:
+    older autotune) counts so only for CHOOSING_S after its start, not for its run.
+
+    A trial read with the marker but without one of ``names`` (the parameters this
+    trial suggested) was read torn, and counts as choosing too: an RDB storage reads a
+    trial's params and its system attrs in separate statements (Optuna's selectinload),
+    each with its own snapshot under PostgreSQL's READ COMMITTED, so a trial that
+    finishes suggesting between the two shows the marker beside its first values
+    only, which looked like another config."""
+    if t.datetime_start is None:
+        return False
+    if t.system_attrs.get(CONFIGURED_ATTR) and all(n in t.params for n in names):
         return False
     return (datetime.now() - t.datetime_start).total_seconds() < CHOOSING_S
 
@@ -751,12 +773,7 @@ def run_study(
     settings.out_dir.mkdir(parents=True, exist_ok=True)
     stale = fail_stale_trials(study)
     enqueue_baseline(study, objective.space)
-    queued = {repr(sorted(t.params.items())) for t in
-              study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
-    for params, attrs in enqueue:
-        params = {k: v for k, v in params.items() if k in objective.space.params}
-        if repr(sorted(params.items())) not in queued:
-            study.enqueue_trial(params, user_attrs=attrs)
+    _enqueue_picks(study, objective.space, enqueue)
     # After the defaults and the predicted picks: a small categorical space is covered
     # before any config repeats (TPE's random start-up draws repeat in a tiny space).
     def cover() -> None:
@@ -793,9 +810,7 @@ def run_study(
     else:
         stopped["by"] = "nothing to do"
     new = len(study.get_trials(deepcopy=False, states=done_states)) - finished
-    mine = sum(1 for t in study.get_trials(deepcopy=False, states=done_states)
-               if t.system_attrs.get("autotune:pid") == os.getpid()
-               and t.system_attrs.get("autotune:host") == socket.gethostname())
+    mine = _ran_here(study, done_states)
     if (settings.sampler == "grid" and remaining and new < remaining
             and stopped["by"] == "n_trials"):
         stopped["by"] = "grid exhausted"
@@ -804,6 +819,25 @@ def run_study(
                     wall_s=time.monotonic() - t0,
                     server_s=backend.server_s - server0, load_test_s=objective.load_test_s,
                     saved_s=objective.saved_s)
+
+
+def _enqueue_picks(study: optuna.Study, space: SearchSpace,
+                   enqueue: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+    """Queue the given first configs (cut to the searched parameters) unless one is
+    already waiting, so a resumed study does not run a pick twice."""
+    queued = {repr(sorted(t.params.items())) for t in
+              study.get_trials(deepcopy=False, states=(TrialState.WAITING,))}
+    for params, attrs in enqueue:
+        params = {k: v for k, v in params.items() if k in space.params}
+        if repr(sorted(params.items())) not in queued:
+            study.enqueue_trial(params, user_attrs=attrs)
+
+
+def _ran_here(study: optuna.Study, done_states: tuple[TrialState, ...]) -> int:
+    """Finished trials this process ran, told apart from the workers' by pid and host."""
+    return sum(1 for t in study.get_trials(deepcopy=False, states=done_states)
+               if t.system_attrs.get("autotune:pid") == os.getpid()
+               and t.system_attrs.get("autotune:host") == socket.gethostname())
 
 
 def _run_seated(study: optuna.Study, objective: Objective, settings: StudySettings, *,
@@ -946,7 +980,6 @@ def refine_ceilings(
     search.  ``deadline_s`` (on the backend's ``server_s`` clock): the budget's end,
     after which no test starts and a running one is cut."""
     from autotune.tuning.ceiling import (
-        BackendProbe,
         CeilingError,
         find_ceiling,
         min_samples_for_bound,
@@ -961,13 +994,8 @@ def refine_ceilings(
         config = {k: v for k, v in row.flags.items() if k not in CLIENT_PARAMS}
         # A config whose screening passed nothing starts after a saturation test.
         start = float(row.rate) if row.feasible and row.rate else None
-        pool = list(plan.warmup_requests) + list(plan.requests)
-        probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
-                             seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s, steady=steady,
-                             deadline_s=deadline_s)
-        if on_progress is not None:
-            probe.on_evidence = functools.partial(on_progress, row.number)
+        probe = _refine_probe(backend, config, plan, steady, deadline_s, on_progress,
+                              row.number)
         try:
             result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
                                   on_probe=None if on_probe is None else (
@@ -985,24 +1013,48 @@ def refine_ceilings(
         refined = RefinedCeiling(trial=row.number, config=config, start_rate=start or 0.0,
                                  result=result)
         if out_dir is not None:
-            import json
-
-            for p in result.probes:
-                if p.summary is not None:
-                    _append_probe(out_dir, out_dir.name, row.number, config,
-                                  getattr(backend, "name", None), p, purpose="refinement")
-
-            out_dir.mkdir(parents=True, exist_ok=True)
-            path = out_dir / f"ceiling-trial-{row.number}.json"
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(json_safe(refined.to_dict()), indent=2,
-                                      allow_nan=False, default=str) + "\n", encoding="utf-8")
-            tmp.replace(path)
-            refined.path = path
+            _save_refined(out_dir, refined, backend)
         out.append(refined)
         if on_ceiling is not None:
             on_ceiling(refined)
     return out
+
+
+def _refine_probe(backend: Backend, config: dict[str, Any], plan: LoadPlan, steady: Any,
+                  deadline_s: float | None,
+                  on_progress: Callable[[int, float, Any], None] | None, number: int) -> Any:
+    """One config's probe over the whole pool (warm-up included), reporting its running
+    evidence under the trial's number."""
+    from autotune.tuning.ceiling import BackendProbe
+
+    pool = list(plan.warmup_requests) + list(plan.requests)
+    probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
+                         seed=plan.seed, window_s=plan.window_s,
+                         request_timeout_s=plan.request_timeout_s, steady=steady,
+                         deadline_s=deadline_s)
+    if on_progress is not None:
+        probe.on_evidence = functools.partial(on_progress, number)
+    return probe
+
+
+def _save_refined(out_dir: Path, refined: RefinedCeiling, backend: Backend) -> None:
+    """Keep each probe in the experiment history and the search's answer as the JSON
+    file the report plots."""
+    import json
+
+    result, number, config = refined.result, refined.trial, refined.config
+    for p in result.probes:
+        if p.summary is not None:
+            _append_probe(out_dir, out_dir.name, number, config,
+                          getattr(backend, "name", None), p, purpose="refinement")
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"ceiling-trial-{number}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(json_safe(refined.to_dict()), indent=2,
+                              allow_nan=False, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    refined.path = path
 
 
 @dataclass

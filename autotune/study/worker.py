@@ -467,7 +467,7 @@ def _paced(backend: Any, pace_s: float) -> Any:
 
 def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> WorkerRun:
     """Join ``opts.study`` and run trials until it holds n_trials finished ones."""
-    from autotune.study.study import Objective, open_study
+    from autotune.study.study import Objective
 
     wid = worker_id()
     shown = mask_url(opts.storage)
@@ -479,31 +479,11 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
     space = spec.search_space()
     slo = parse_slo(spec.slo)
     n_gpus = len(opts.gpus) if opts.gpus is not None else spec.gpus
-    settings = StudySettings(
-        name=opts.study, slo=slo, space=space, sampler=spec.sampler, storage=None,
-        studies_dir=opts.studies_dir, objective=spec.objective, per_gpu=spec.per_gpu,
-        gpus=spec.gpus, seed=_worker_seed(spec.seed, wid), n_trials=n_trials,
-        prune=spec.prune, attention_heads=space.attention_heads,
-        tol=float(spec.load.get("tol", 0.03)),
-        max_probes=int(spec.load.get("max_probes", 8)))
+    settings = _worker_settings(opts, spec, wid, n_trials, space, slo)
     pruner = None  # each trial's load tests stop on their own steady-state verdicts
-    # What trials sample: the server parameters (each trial searches its own rate).
-    config_space = space.for_configs(gpus=spec.gpus, attention_heads=space.attention_heads)
-    study = open_study(settings, storage, pruner, space=config_space)
-    if created:
-        from autotune.study.study import enqueue_baseline
-
-        enqueue_baseline(study, config_space)
+    study = _open_worker_study(settings, storage, pruner, spec, space, created)
     settings.out_dir.mkdir(parents=True, exist_ok=True)
-    if n_gpus is not None and spec.gpus is not None and n_gpus < spec.gpus:
-        say(f"note: this worker has {n_gpus} GPU(s), the study plans for {spec.gpus}: "
-            f"configs needing more are recorded infeasible (rule tp_fits_gpus) here")
-    say(f"worker {wid} {'created' if created else 'joined'} study {opts.study!r} at {shown} "
-        f"(space {space.name}, SLO {slo}, n_trials {n_trials} study-wide, backend "
-        f"{opts.backend}, GPUs {opts.gpus if opts.gpus is not None else 'all'})")
-    if not heartbeat_enabled(storage):
-        say("note: this storage has no heartbeats: a trial of a worker killed with -9 stays "
-            "RUNNING (use PostgreSQL or MySQL for automatic retries)")
+    _announce(opts, spec, wid, created, shown, space, slo, n_trials, n_gpus, storage, say)
 
     plan = build_plan(spec)
     backend = _paced(make_backend(opts, spec, n_gpus, wid), opts.pace_s)
@@ -514,7 +494,64 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
 
     objective = Objective(trial_settings, backend, plan, pruner, on_result)
     current: dict[str, int] = {}
+    run_one = _trial_runner(objective, wid, current)
+    ran: list[int] = []
+    code, stopped = _run_trials(study, run_one, n_trials, opts, backend, current, ran, say)
+    finished = finished_count(study)
+    say(f"worker {wid} ran {len(ran)} trial(s); the study has {finished} finished "
+        f"(n_trials {n_trials}); stopped: {stopped}")
+    return WorkerRun(worker=wid, ran=ran, finished=finished, n_trials=n_trials,
+                     stopped_by=stopped, exit_code=code)
 
+
+def _worker_settings(opts: WorkerOptions, spec: StudySpec, wid: str, n_trials: int | None,
+                     space: Any, slo: Any) -> StudySettings:
+    """The study's settings as the spec stores them, with this worker's own seed so
+    workers do not sample the same configs."""
+    return StudySettings(
+        name=opts.study, slo=slo, space=space, sampler=spec.sampler, storage=None,
+        studies_dir=opts.studies_dir, objective=spec.objective, per_gpu=spec.per_gpu,
+        gpus=spec.gpus, seed=_worker_seed(spec.seed, wid), n_trials=n_trials,
+        prune=spec.prune, attention_heads=space.attention_heads,
+        tol=float(spec.load.get("tol", 0.03)),
+        max_probes=int(spec.load.get("max_probes", 8)))
+
+
+def _open_worker_study(settings: StudySettings, storage: Any, pruner: Any,
+                       spec: StudySpec, space: Any, created: bool) -> optuna.Study:
+    """Open the study over the config space; the worker that created it queues the
+    baseline first, as a search would."""
+    from autotune.study.study import open_study
+
+    # What trials sample: the server parameters (each trial searches its own rate).
+    config_space = space.for_configs(gpus=spec.gpus, attention_heads=space.attention_heads)
+    study = open_study(settings, storage, pruner, space=config_space)
+    if created:
+        from autotune.study.study import enqueue_baseline
+
+        enqueue_baseline(study, config_space)
+    return study
+
+
+def _announce(opts: WorkerOptions, spec: StudySpec, wid: str, created: bool, shown: str,
+              space: Any, slo: Any, n_trials: int | None, n_gpus: int | None, storage: Any,
+              say: Callable[[str], None]) -> None:
+    """Say which study this worker runs and what it cannot do here, before any trial."""
+    if n_gpus is not None and spec.gpus is not None and n_gpus < spec.gpus:
+        say(f"note: this worker has {n_gpus} GPU(s), the study plans for {spec.gpus}: "
+            f"configs needing more are recorded infeasible (rule tp_fits_gpus) here")
+    say(f"worker {wid} {'created' if created else 'joined'} study {opts.study!r} at {shown} "
+        f"(space {space.name}, SLO {slo}, n_trials {n_trials} study-wide, backend "
+        f"{opts.backend}, GPUs {opts.gpus if opts.gpus is not None else 'all'})")
+    if not heartbeat_enabled(storage):
+        say("note: this storage has no heartbeats: a trial of a worker killed with -9 stays "
+            "RUNNING (use PostgreSQL or MySQL for automatic retries)")
+
+
+def _trial_runner(objective: Any, wid: str, current: dict[str, int]
+                  ) -> Callable[[optuna.Trial], float]:
+    """One trial, tagged with this worker and marked interrupted if stopped mid-run, so
+    the loop knows which trial to queue again."""
     def run_one(trial: optuna.Trial) -> float:
         current["number"] = trial.number
         trial.set_user_attr("worker", wid)
@@ -526,7 +563,15 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
                 trial.set_user_attr("status", "failed")
             raise
 
-    ran: list[int] = []
+    return run_one
+
+
+def _run_trials(study: optuna.Study, run_one: Callable[[optuna.Trial], float],
+                n_trials: int | None, opts: WorkerOptions, backend: Any,
+                current: dict[str, int], ran: list[int], say: Callable[[str], None]
+                ) -> tuple[int, str]:
+    """Take seats until the study is full; on a stop, close the server and queue the
+    interrupted trial again.  Returns the exit code and what stopped the worker."""
     code, stopped = 0, "n_trials"
     with StopSignals() as stop:
         try:
@@ -556,11 +601,7 @@ def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> Wo
                 say(f"trial {number}: failed (interrupted); its config is queued again")
         finally:
             backend.close()
-    finished = finished_count(study)
-    say(f"worker {wid} ran {len(ran)} trial(s); the study has {finished} finished "
-        f"(n_trials {n_trials}); stopped: {stopped}")
-    return WorkerRun(worker=wid, ran=ran, finished=finished, n_trials=n_trials,
-                     stopped_by=stopped, exit_code=code)
+    return code, stopped
 
 
 def _fail_stale(study: optuna.Study) -> None:

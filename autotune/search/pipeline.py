@@ -336,7 +336,7 @@ def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[
 def _worker_spec(o: SearchOptions, plan: Plan) -> dict[str, Any]:
     """The spec an ``autotune worker`` given only --study runs this study's trials with
     (without it, a worker started beside its search had no space to join with)."""
-    from autotune.study.worker import SPEC_ATTR, StudySpec, space_to_dict
+    from autotune.study.worker import StudySpec, space_to_dict
 
     workload = {"kind": "sharegpt", "num_prompts": o.num_prompts,
                 "max_model_len": _sample_max_len(o, plan), "seed": o.seed}
@@ -352,7 +352,7 @@ def _worker_spec(o: SearchOptions, plan: Plan) -> dict[str, Any]:
               "min_duration_s": duration("--min-duration", o.min_duration),
               "max_duration_s": duration("--max-duration", o.max_duration),
               "backlog_share": o.backlog_share, "max_probes": o.max_probes, "tol": o.tol})
-    return {SPEC_ATTR: spec.to_dict(), "space_fingerprint": spec.fingerprint()}
+    return spec.attrs()
 
 
 def _sample_max_len(o: SearchOptions, plan: Plan) -> int:

@@ -94,6 +94,18 @@ _TOP_KEYS = {"name", "description", "profile", "attention_heads", "fixed", "para
              "baseline", "rules"}
 
 
+# Optuna's stepped floats carry binary noise (0.8500000000000001): a suggested value, and
+# a stored one compared with it, is rounded to this many digits.
+FLOAT_DIGITS = 10
+
+
+def canonical_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` with every float rounded as a suggestion is, so that a config read back
+    from storage equals the one suggested or queued."""
+    return {k: round(v, FLOAT_DIGITS) if isinstance(v, float) else v
+            for k, v in params.items()}
+
+
 class SpaceError(AutotuneError, ValueError):
     """A search-space file is unreadable or describes an impossible space."""
 
@@ -133,8 +145,7 @@ class Param:
             lo, hi = self.bounds()
             value = trial.suggest_float(self.name, float(lo), float(hi),
                                         step=self.step, log=self.log)
-            # Optuna's stepped floats carry binary noise (0.8500000000000001).
-            return round(value, 10) if self.step else value
+            return round(value, FLOAT_DIGITS) if self.step else value
         if self.type == "bool":
             return trial.suggest_categorical(self.name, [False, True])
         return trial.suggest_categorical(self.name, list(self.choices))
@@ -150,14 +161,14 @@ class Param:
         if self.step:
             n = int(math.floor((hi - lo) / self.step + 1e-9)) + 1
             if n <= max(points, 8):
-                vals = [round(lo + i * self.step, 10) for i in range(n)]
+                vals = [round(lo + i * self.step, FLOAT_DIGITS) for i in range(n)]
                 return [int(v) for v in vals] if self.type == "int" else vals
         if self.log:
             vals = list(_geomspace(lo, hi, points))
         else:
             vals = [lo + (hi - lo) * i / (points - 1) for i in range(points)]
         if self.step:
-            vals = [round(lo + round((v - lo) / self.step) * self.step, 10) for v in vals]
+            vals = [round(lo + round((v - lo) / self.step) * self.step, FLOAT_DIGITS) for v in vals]
         if self.type == "int":
             vals = [int(round(v)) for v in vals]
         return sorted(set(vals))

@@ -42,7 +42,7 @@ from autotune.study.optuna_adapter import (
     storage_of,
 )
 from autotune.study.seats import run_seated_trial, should_wait
-from autotune.study.space import CLIENT_PARAMS, SearchSpace, Violation
+from autotune.study.space import CLIENT_PARAMS, SearchSpace, Violation, canonical_params
 from autotune.tuning.pruning import PrunerSettings
 from autotune.tuning.record import StoredTrial, stored_trials
 from autotune.tuning.trial import INFEASIBLE, PRUNED, TrialResult, write_records
@@ -610,11 +610,7 @@ def _same_params(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     binary noise (0.8500000000000001) where the space's suggestion, and a config
     queued by value, say 0.85 (``Param.suggest`` rounds to 10 digits): compared as
     they stand, a trial never found its twin of such a config and ran it again."""
-    return _comparable(a) == _comparable(b)
-
-
-def _comparable(params: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 10) if isinstance(v, float) else v for k, v in params.items()}
+    return canonical_params(a) == canonical_params(b)
 
 
 def _await_running_twin(study: optuna.Study, number: int, params: Mapping[str, Any], *,

@@ -136,6 +136,10 @@ class StudySpec:
                           sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
+    def attrs(self) -> dict[str, Any]:
+        """The study user attributes that store this spec (read by :func:`stored_spec`)."""
+        return {SPEC_ATTR: self.to_dict(), "space_fingerprint": self.fingerprint()}
+
 
 def _comparable_space(space: Mapping[str, Any]) -> dict[str, Any]:
     # The name and description do not change what a trial means.
@@ -178,12 +182,6 @@ def spec_differences(study: StudySpec, mine: StudySpec) -> list[str]:
 def _short(value: Any) -> str:
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def record_spec(study: optuna.Study, spec: StudySpec) -> None:
-    """Store ``spec`` with the study (``autotune search`` calls this when it creates one)."""
-    study.set_user_attr(SPEC_ATTR, spec.to_dict())
-    study.set_user_attr("space_fingerprint", spec.fingerprint())
 
 
 def stored_spec(attrs: Mapping[str, Any]) -> StudySpec | None:
@@ -303,8 +301,8 @@ def join_study(storage: optuna.storages.BaseStorage, name: str, mine: StudySpec 
         else:
             created = True
             spec = dataclasses.replace(mine)
-            storage.set_study_user_attr(sid, SPEC_ATTR, spec.to_dict())
-            storage.set_study_user_attr(sid, "space_fingerprint", spec.fingerprint())
+            for key, value in spec.attrs().items():
+                storage.set_study_user_attr(sid, key, value)
             return spec, created
     sid = storage.get_study_id_from_name(name)
     # The creator is between create_new_study and writing its spec (a search writes its
@@ -329,9 +327,6 @@ def _configured(attrs: Mapping[str, Any], mine: StudySpec | None) -> bool:
     """Whether the study says enough to join it: a worker with no spec of its own runs
     the study's, so the SLO alone (what a search writes first) is not enough."""
     return SPEC_ATTR in attrs or (mine is not None and "slo" in attrs)
-
-
-# ----------------------------------------------------------------------------- counting
 
 
 # ----------------------------------------------------------------------------- signals

@@ -121,6 +121,10 @@ def validate_cap(
     # requests at this rate (up to the hard cap).  The plan's ``prior`` (the ceiling
     # search's tests at rates at or above the cap) and ``looks`` (its share of the
     # search's false-pass rate) come with it: each run is one more pooled look.
+    # Safe at 75% of the allowance, as the proof near the floor: the cap sits 10% under a
+    # ceiling whose share over the limit may already be between half the allowance and
+    # the allowance, where a test against half decides neither way.  The false-pass
+    # bound at the allowance does not depend on the safe share.
     steady = replace(base, min_duration_s=duration_s, max_duration_s=None,
                      safe_share=PROOF_SAFE_SHARE)
     long_plan = replace(plan, steady=steady)

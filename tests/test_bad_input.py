@@ -61,7 +61,7 @@ CASES: list[Case] = [
      ["search", *SIM, "--min-duration", "60s", "--max-duration", "10s"], {}, "duration"),
     ("search-gpus-0", ["search", *SIM, "--gpus", "0"], {}, "gpus"),
     ("search-max-model-len-neg", ["search", *SIM, "--max-model-len", "-1"], {},
-     "max_model_len"),
+     "--max-model-len"),
     ("search-prescreen-trials-0",
      ["search", *SIM, "--prescreen", "sim", "--prescreen-trials", "0"], {}, "prescreen"),
     ("search-storage-password", ["search", *SIM, "--storage", ODD], {}, "storage"),

@@ -60,7 +60,7 @@ def test_the_check_catches_an_exception_outside_the_tree(monkeypatch: pytest.Mon
 @pytest.mark.parametrize("exc", [
     AutotuneError("bad thing\nmore detail"),
     importlib.import_module("autotune.core.slo").SLOError("bad thing"),
-    importlib.import_module("autotune.study.study").StudyError("bad thing"),
+    importlib.import_module("autotune.study.storage").StudyError("bad thing"),
 ])
 def test_one_line_errors_prints_the_first_line_and_exits_2(exc: Exception,
                                                            capsys: pytest.CaptureFixture[str]

@@ -13,21 +13,46 @@ from typer.testing import CliRunner
 
 from autotune.analysis.recommend import deploy_command
 from autotune.cli import app
+from autotune.cli._parse import load_space, parse_slo
 from autotune.core.flags import command_line, config_to_argv, flag_value, serve_argv
-from autotune.search.pipeline import SearchOptions, run_search
+from autotune.search.options import SearchOptions
+from autotune.search.pipeline import run_search
 from autotune.servers.vllm import VllmServer
+from autotune.tuning.options import (
+    OptionsError,
+    RateSearch,
+    ServerOptions,
+    SimProfile,
+    WorkloadOptions,
+)
 
 
-def test_options_are_typed_frozen_and_keyword_only() -> None:
-    o = SearchOptions(slo_p99="10s", vllm_env=["A=1"])  # type: ignore[arg-type]
-    assert o.vllm_env == ("A=1",) and isinstance(o.studies_dir, Path)
+def _options(**kw: Any) -> SearchOptions:
+    return SearchOptions(slo=parse_slo("10s", None), space=load_space(kw.pop("space", "default")),
+                         **kw)
+
+
+def test_options_are_typed_frozen_keyword_only_and_checked_when_made() -> None:
+    o = _options(server=ServerOptions(env={"A": "1"}))
+    assert o.server.env == {"A": "1"} and isinstance(o.studies_dir, Path)
+    assert o.name == "default-sim-p99e2e10s"  # space, backend, SLO
     with pytest.raises(dataclasses.FrozenInstanceError):
-        o.slo_p99 = "5s"  # type: ignore[misc]
+        o.prove_top = 5  # type: ignore[misc]
     with pytest.raises(TypeError):
-        SearchOptions("10s")  # type: ignore[misc]
+        SearchOptions(parse_slo("10s", None))  # type: ignore[misc]
+    # Each group checks its own ranges, naming the flag.
+    with pytest.raises(OptionsError, match="--max-probes must be at least 1"):
+        RateSearch(max_probes=0)
+    with pytest.raises(OptionsError, match="--num-prompts must be at least 1"):
+        WorkloadOptions(num_prompts=0)
+    # The budget covers the validation run: one shorter than it leaves no search.
+    with pytest.raises(OptionsError, match="leaves no server time for the search"):
+        _options(budget_s=240.0, validate_s=300.0)
+    with pytest.raises(OptionsError, match="--backend attach needs --url"):
+        _options(backend="attach")
 
 
-def test_the_cli_only_parses_and_calls_the_library_once(
+def test_the_cli_parses_every_option_and_calls_the_library_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import autotune.search.pipeline
 
@@ -40,18 +65,23 @@ def test_the_cli_only_parses_and_calls_the_library_once(
     monkeypatch.setattr(autotune.search.pipeline, "run_search", fake)
     res = CliRunner().invoke(app, ["search", "--slo-p99", "7s", "--n-trials", "3",
                                    "--vllm-env", "K=V", "--min-duration", "90s",
+                                   "--budget", "2h", "--validate", "off",
                                    "--studies-dir", str(tmp_path)])
     assert res.exit_code == 0, res.stderr
     (o,) = calls
-    assert (o.slo_p99, o.n_trials, o.vllm_env, o.min_duration) == ("7s", 3, ("K=V",), "90s")
+    # Typed values only: the SLO, seconds, the space's model, the environment's pairs.
+    assert str(o.slo) == "p99:e2e<=7s" and o.n_trials == 3 and o.server.env == {"K": "V"}
+    assert o.steady.min_duration_s == 90.0 and o.budget_s == 7200.0 and o.validate_s is None
+    assert o.space.name == "default" and o.sim.node == "4xa100-80gb"
     assert not (tmp_path / "studies").exists()  # nothing of its own was written
 
 
 def test_run_search_as_a_library_writes_the_recommendation(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_search(SearchOptions(slo_p99="10s", space="llama3-8b-4xa100", num_prompts=300,
-                                    warmup=20, n_trials=3, study_name="lib",
-                                    studies_dir=tmp_path / "runs" / "mine", validate="off"))
+    code = run_search(_options(space="llama3-8b-4xa100",
+                               workload=WorkloadOptions(num_prompts=300, warmup=20),
+                               n_trials=3, study_name="lib",
+                               studies_dir=tmp_path / "runs" / "mine", validate_s=None))
     assert code == 0  # --studies-dir is created, whatever its name (its parent too)
     # Before it starts, the search says how long it may take (plain text: no terminal).
     said = capsys.readouterr().out
@@ -72,13 +102,11 @@ def test_run_search_as_a_library_writes_the_recommendation(
 def test_bad_options_raise_one_error_before_anything_is_written(tmp_path: Path) -> None:
     from autotune.core.errors import AutotuneError
 
-    with pytest.raises(AutotuneError, match="--max-probes"):
-        run_search(SearchOptions(slo_p99="10s", max_probes=0,
-                                 studies_dir=tmp_path / "studies"))
-    # The budget covers the validation run: one shorter than it leaves no search.
-    with pytest.raises(AutotuneError, match="leaves no server time for the search"):
-        run_search(SearchOptions(slo_p99="10s", budget="4m", validate="5m",
-                                 studies_dir=tmp_path / "studies"))
+    with pytest.raises(AutotuneError, match="--profile nosuch-gpu"):
+        run_search(_options(profile=SimProfile(hardware="nosuch-gpu"),
+                            studies_dir=tmp_path / "studies"))
+    with pytest.raises(AutotuneError, match="unknown sampler"):
+        run_search(_options(sampler="annealing", studies_dir=tmp_path / "studies"))
     assert not (tmp_path / "studies").exists()
 
 

@@ -15,7 +15,8 @@ from autotune.core.slo import (
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("10s", 10.0), ("500ms", 0.5), ("1.5m", 90.0), (" 2 s ", 2.0)]
+    ("text", "seconds"),
+    [("10s", 10.0), ("500ms", 0.5), ("1.5m", 90.0), (" 2 s ", 2.0), ("2h", 7200.0)]
 )
 def test_durations(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)

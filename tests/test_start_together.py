@@ -21,8 +21,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from autotune.study.storage import open_storage, schema_race, schema_race_retry
-from autotune.study.study import StudyError, process_running
+from autotune.study.storage import StudyError, open_storage, schema_race, schema_race_retry
+from autotune.study.study import process_running
 from autotune.study.worker import join_study
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -474,16 +474,20 @@ def test_a_worker_beside_a_search_waits_past_its_slo_and_joins_its_spec(tmp_path
     the spec, and the search's spec is one a worker can run."""
     import threading
 
-    from autotune.search.pipeline import SearchOptions, _validate, _worker_spec
+    from autotune.cli._parse import load_space, parse_slo
+    from autotune.search.options import SearchOptions
+    from autotune.search.pipeline import _settings, _worker_spec
     from autotune.study.storage import open_storage
     from autotune.study.study import open_study
+    from autotune.tuning.options import WorkloadOptions
 
     url = f"sqlite:///{tmp_path / 's.db'}"
-    o = SearchOptions(slo_p99="10s", space="cpu-tiny", storage=url, study_name="S",
-                      n_trials=5, num_prompts=50, studies_dir=tmp_path / "studies")
-    plan = _validate(o)
+    o = SearchOptions(slo=parse_slo("10s", None), space=load_space("cpu-tiny"), storage=url,
+                      study_name="S", workload=WorkloadOptions(num_prompts=50),
+                      n_trials=5, studies_dir=tmp_path / "studies")
+    settings = _settings(o)
     storage = open_storage(url)
-    study = open_study(plan.settings, storage, None)  # the SLO, not yet the spec
+    study = open_study(settings, storage, None)  # the SLO, not yet the spec
     assert "slo" in study.user_attrs and SPEC_ATTR not in study.user_attrs
     waiting, got = threading.Event(), []
 
@@ -497,16 +501,16 @@ def test_a_worker_beside_a_search_waits_past_its_slo_and_joins_its_spec(tmp_path
     thread = threading.Thread(target=worker)
     thread.start()
     assert waiting.wait(30), got
-    for key, value in _worker_spec(o, plan).items():
+    for key, value in _worker_spec(o, settings).items():
         study.set_user_attr(key, value)
     thread.join(30)
     assert len(got) == 2 and "waiting up to 60 s for its search" in str(got[0]), got
     spec, created = got[1]  # type: ignore[misc]
-    assert not created and spec.slo == str(plan.slo) and spec.n_trials == 5
-    assert spec.search_space().params.keys() == plan.space.params.keys()
+    assert not created and spec.slo == str(o.slo) and spec.n_trials == 5
+    assert spec.search_space().params.keys() == settings.space.params.keys()
     from autotune.study.worker import build_plan
 
-    assert build_plan(spec).slo == plan.slo  # the worker can load its workload from it
+    assert build_plan(spec).slo == o.slo  # the worker can load its workload from it
 
 
 def test_a_worker_waiting_for_a_space_that_never_comes_gives_up_in_one_line(

@@ -7,7 +7,6 @@ import csv
 import io
 import math
 from collections.abc import Iterator, Sequence
-from typing import Annotated
 
 import typer
 from rich.table import Table
@@ -16,42 +15,6 @@ from autotune.core.errors import AutotuneError
 from autotune.core.metrics import LatencyStats, Summary
 from autotune.core.records import RequestRecord
 from autotune.core.terminal import err_console
-
-# The steady-state options of every command that runs load tests, defined once so that
-# each means the same everywhere (autotune.tuning.verdict.SteadyState).
-MinDuration = Annotated[str | None, typer.Option(
-    help="Arrivals of each load test last at least this long before it may pass "
-         "(default max(60s, 6x the largest latency limit)).")]
-MaxDuration = Annotated[str | None, typer.Option(
-    help="Hard cap: an inconclusive load test runs on at the same rate up to this long "
-         "(default: what the limits' sequential tests need at its rate, within 3x "
-         "--min-duration and 10 minutes).")]
-BacklogShare = Annotated[float, typer.Option(
-    help="Largest growth of the backlog, as a share of the offered rate, that a load "
-         "test may show and pass (its 95% upper bound must be under it).")]
-
-# The workload options every command shares: one name, one meaning, one default.
-NUM_PROMPTS, WARMUP = 1000, 100  # as vLLM's `vllm bench serve --num-prompts` (1000)
-NumPrompts = Annotated[int, typer.Option(
-    help="Requests drawn from the dataset (a search or ceiling draws at least 10,000, "
-         "each test sized by time taking up where the last stopped); tests with an SLO "
-         "are sized by time (--min-duration/--max-duration), never stretched by this; "
-         "without an SLO, bench sends exactly this many.")]
-Warmup = Annotated[int, typer.Option(
-    help="Warm-up requests sent before each load test and excluded from every figure.")]
-Seed = Annotated[int, typer.Option(help="Seed of the workload sample and the arrivals.")]
-VLLM_CMD = "vllm serve"
-VllmCmd = Annotated[str, typer.Option(
-    help="Command that starts vLLM (the model is appended, or passed as --model when the "
-         "command does not end in 'serve').")]
-VllmEnv = Annotated[list[str] | None, typer.Option(
-    help="KEY=VAL in the vLLM server's environment (repeatable).")]
-MaxModelLen = Annotated[int | None, typer.Option(
-    help="The server's context length (vLLM --max-model-len): ShareGPT pairs whose prompt "
-         "+ output exceed it are dropped, as the server would refuse them.  Default: the "
-         "config's max_model_len (space, --set/--param), else what the server reports in "
-         "GET /v1/models, else 8192.")]
-
 
 
 class UsageError(AutotuneError):

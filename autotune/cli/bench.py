@@ -11,7 +11,8 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import UsageError, one_line_errors, records_csv, summary_tables
+from autotune.cli._options import (
     NUM_PROMPTS,
     WARMUP,
     MaxDuration,
@@ -19,12 +20,10 @@ from autotune.cli._common import (
     MinDuration,
     NumPrompts,
     Seed,
-    UsageError,
     Warmup,
-    one_line_errors,
-    records_csv,
-    summary_tables,
 )
+from autotune.cli._parse import duration as _duration
+from autotune.cli._parse import parse_profile
 from autotune.core.files import atomic_write, check_writable, write_json
 from autotune.core.metrics import MEASURED, SIMULATED, SIMULATED_HTTP
 from autotune.core.terminal import console, err_console
@@ -358,7 +357,6 @@ def _horizon(slo: Any) -> float:
 
 def _steady(o: BenchOptions, slo: Any) -> Any:
     """The steady-state rule when an SLO asks for a verdict; None otherwise."""
-    from autotune.tuning.options import duration as _duration
     from autotune.tuning.verdict import SteadyState, VerdictError
 
     if slo is None:
@@ -383,7 +381,6 @@ def _sim_flags(o: BenchOptions) -> tuple[dict[str, Any], tuple[Any, Any]]:
     (hardware, model) profiles it runs on."""
     from autotune.cli.ceiling import parse_params
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
-    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, None)
     try:

@@ -13,7 +13,8 @@ from typing import Annotated
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import one_line_errors
+from autotune.cli._options import (
     NUM_PROMPTS,
     VLLM_CMD,
     WARMUP,
@@ -23,8 +24,11 @@ from autotune.cli._common import (
     VllmCmd,
     VllmEnv,
     Warmup,
-    one_line_errors,
 )
+from autotune.cli._parse import server_options, sim_profile
+from autotune.cli.ceiling import parse_params
+from autotune.tuning.calibration import CalibrateOptions, parse_loads, run_calibration
+from autotune.tuning.options import WorkloadOptions
 
 
 @app.command("calibrate")
@@ -65,15 +69,16 @@ def calibrate(
         help="Folder for the launched server's logs (calibrate/logs).")] = Path("studies"),
 ) -> None:
     """Run calibration load shapes against a server and fit the simulator to them."""
-    from autotune.cli.ceiling import parse_params
-    from autotune.tuning.calibration import CalibrateOptions, parse_loads, run_calibration
-
     with one_line_errors():
-        code = run_calibration(CalibrateOptions(
-            profile=profile, out=out, json_path=json_path, gpus=gpus, url=url, model=model,
-            vllm_cmd=vllm_cmd, vllm_env=tuple(vllm_env or ()), flags=parse_params(param),
-            num_prompts=num_prompts, warmup=warmup, loads=parse_loads(loads), seed=seed,
-            dataset=dataset, input_len=input_len, output_len=output_len,
-            max_model_len=max_model_len, tokenizer=tokenizer, studies_dir=studies_dir))
+        options = CalibrateOptions(
+            prior=sim_profile(profile, None, gpus), out=out, json_path=json_path,
+            server=server_options(model=model, url=url, vllm_cmd=vllm_cmd,
+                                  startup_timeout=900.0, gpu_ids=None, vllm_env=vllm_env),
+            flags=parse_params(param),
+            workload=WorkloadOptions(num_prompts=num_prompts, warmup=warmup, seed=seed,
+                                     tokenizer=tokenizer, max_model_len=max_model_len),
+            loads=parse_loads(loads), dataset=dataset, input_len=input_len,
+            output_len=output_len, studies_dir=studies_dir)
+        code = run_calibration(options)
     if code:
         raise typer.Exit(code)

@@ -20,7 +20,8 @@ from typing import Annotated, Any
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import UsageError, one_line_errors
+from autotune.cli._options import (
     NUM_PROMPTS,
     VLLM_CMD,
     WARMUP,
@@ -30,11 +31,10 @@ from autotune.cli._common import (
     MinDuration,
     NumPrompts,
     Seed,
-    UsageError,
     VllmCmd,
     Warmup,
-    one_line_errors,
 )
+from autotune.cli._parse import parse_profile, parse_steady, parse_validate
 from autotune.core.files import atomic_write, check_writable, write_json
 from autotune.core.terminal import console, err_console
 from autotune.servers.process import interrupted_code
@@ -353,7 +353,6 @@ def config_flags(o: CeilingOptions, study: Any = None) -> dict[str, Any]:
 
 def _sim_profile(o: CeilingOptions) -> tuple[str, str, int]:
     from autotune.sim.profiles import ProfileError, load_hardware, load_model
-    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
@@ -605,7 +604,6 @@ def _durations(o: CeilingOptions) -> tuple[float | None, Any]:
     """The validation run's length and each probe's steady-state rule, with as many
     looks as the search may take."""
     from autotune.tuning.ceiling import search_looks
-    from autotune.tuning.options import parse_steady, parse_validate
 
     validate_s = parse_validate(o.validate)
     steady = replace(parse_steady(o.min_duration, o.max_duration, o.num_prompts,

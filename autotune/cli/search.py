@@ -1,132 +1,128 @@
 """``autotune search``: server configs and rate caps under a P99 SLO, for goodput.
 
-This module only parses: the options become one :class:`autotune.search.pipeline.SearchOptions`
-and :func:`autotune.search.pipeline.run_search` runs the whole pipeline.
+This module only parses: every option becomes a typed value of one
+:class:`autotune.search.options.SearchOptions`, and
+:func:`autotune.search.pipeline.run_search` runs the whole pipeline with it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import one_line_errors
+from autotune.cli._options import (
     NUM_PROMPTS,
     VLLM_CMD,
     WARMUP,
+    AttachUrl,
     BacklogShare,
+    Budget,
+    GpuIds,
+    Gpus,
+    Headroom,
     MaxDuration,
     MaxModelLen,
+    MaxProbes,
     MinDuration,
+    Mlflow,
+    Model,
+    NoPrune,
+    NTrials,
     NumPrompts,
+    Objective,
+    PerGpu,
+    Prescreen,
+    PrescreenTrials,
+    Profile,
+    ProveTop,
+    Sampler,
+    SearchBackend,
+    SearchSeed,
+    Slo,
+    SloP99,
+    Space,
+    StartupTimeout,
+    Storage,
+    StudiesDir,
+    StudyName,
+    Timeout,
+    Tokenizer,
+    Tol,
+    TopK,
+    Twin,
+    TwinCandidates,
+    TwinPrior,
+    Validate,
     VllmCmd,
     VllmEnv,
+    Wandb,
     Warmup,
-    one_line_errors,
 )
+from autotune.cli._parse import (
+    backend_kind,
+    duration,
+    load_space,
+    parse_slo,
+    parse_steady,
+    parse_validate,
+    server_options,
+    sim_profile,
+)
+from autotune.search import pipeline
+from autotune.search.options import SearchOptions, TwinOptions
+from autotune.tuning.options import OptionsError, RateSearch, WorkloadOptions
 
 
 @app.command("search")
-def search(
-    slo_p99: Annotated[str | None, typer.Option(
-        help="P99 end-to-end latency limit, e.g. 10s.")] = None,
-    slo: Annotated[str | None, typer.Option(
-        help="More limits, e.g. 'p99:ttft<=2s,p99:tpot<=100ms'.")] = None,
-    space: Annotated[str, typer.Option(
-        help="Search space: a YAML path or a name in search_spaces/.")] = "default",
-    gpus: Annotated[int | None, typer.Option(
-        help="GPUs of the node (rule: TP <= GPUs; the simulator's GPU count).")] = None,
-    profile: Annotated[str | None, typer.Option(
-        help="Simulator profile HARDWARE[:MODEL], e.g. a100-80gb:llama-3-8b "
-             "(default: the space's).")] = None,
-    model: Annotated[str | None, typer.Option(
-        help="Model to serve (a path or name); implies --backend vllm.")] = None,
-    backend: Annotated[str | None, typer.Option(
-        help="sim (virtual time, default without --model/--url), vllm, or attach.")] = None,
-    study_name: Annotated[str | None, typer.Option(
-        help="Study name; the same name resumes the study.")] = None,
-    storage: Annotated[str | None, typer.Option(
-        help="Optuna storage URL (default sqlite:///studies/<name>.db).")] = None,
-    sampler: Annotated[str, typer.Option(help="tpe, gp, random or grid.")] = "tpe",
-    n_trials: Annotated[int | None, typer.Option(
-        help="Finished trials the study should reach (default 30 sim, 20 otherwise).")
-    ] = None,
-    timeout: Annotated[str | None, typer.Option(
-        help="Stop starting trials after this wall time, e.g. 30m.")] = None,
-    budget: Annotated[str | None, typer.Option(
-        help="Total server time, restarts and the --validate run included (virtual for "
-             "sim), e.g. 2h; a load test running when it ends is cut there.")] = None,
-    objective: Annotated[str, typer.Option(
-        help="tokens (goodput output tok/s) or requests (goodput req/s).")] = "tokens",
-    per_gpu: Annotated[bool, typer.Option(
-        help="Divide the objective by the GPUs a config uses.")] = False,
-    num_prompts: NumPrompts = NUM_PROMPTS,
-    warmup: Warmup = WARMUP,
-    seed: Annotated[int, typer.Option(help="Seed of workload, arrivals and sampler.")] = 0,
-    prescreen: Annotated[str | None, typer.Option(
-        help="'sim': run the study in virtual time first, then measure its top configs.")
-    ] = None,
-    prescreen_trials: Annotated[int, typer.Option(help="Trials of the pre-screen.")] = 40,
-    top_k: Annotated[int, typer.Option(help="Pre-screened configs to measure first.")] = 3,
-    vllm_cmd: VllmCmd = VLLM_CMD,
-    url: Annotated[str | None, typer.Option(
-        help="Attach to this running server (only the rate cap is searched).")] = None,
-    no_prune: Annotated[bool, typer.Option(
-        "--no-prune", help="No beat-the-incumbent pruning: every config gets its whole "
-                           "ceiling search (as a sweep would).")] = False,
-    headroom: Annotated[float, typer.Option(
-        help="Rate cap this share under the highest feasible rate.")] = 0.10,
-    studies_dir: Annotated[Path, typer.Option(
-        help="Folder of study databases and result files.")] = Path("studies"),
-    max_model_len: MaxModelLen = None,
-    tokenizer: Annotated[str | None, typer.Option(
-        help="Path to the model's tokenizer.json (default: mistral-common's tekken).")
-    ] = None,
-    prove_top: Annotated[int, typer.Option(
-        "--prove-top", "--refine-top",
-        help="Screen fast, prove once: each trial screens its config with short tests; "
-             "then this many best configs, and vLLM's defaults, get the full "
-             "steady-state ceiling search (0: every trial a full ceiling search).")] = 2,
-    min_duration: MinDuration = None,
-    max_duration: MaxDuration = None,
-    backlog_share: BacklogShare = 0.02,
-    tol: Annotated[float, typer.Option(
-        help="Each trial's rate search stops when its passing and failing rates are "
-             "this close (relative).")] = 0.03,
-    max_probes: Annotated[int, typer.Option(
-        help="Load tests one trial's rate search may run.")] = 8,
-    validate: Annotated[str, typer.Option(
-        help="Run the recommended config at its cap this long before recommending it "
-             "(virtual time on the simulator); 'off' skips it.")] = "5m",
-    wandb: Annotated[str | None, typer.Option(
-        "--wandb", help="Log every trial to this Weights & Biases project.")] = None,
-    mlflow: Annotated[str | None, typer.Option(
-        "--mlflow", help="Log every trial to the MLflow tracking server at this URI.")
-    ] = None,
-    startup_timeout: Annotated[float, typer.Option(
-        help="Seconds a vLLM server may take to become ready.")] = 900.0,
-    gpu_ids: Annotated[str | None, typer.Option(
-        help="GPU ids for CUDA_VISIBLE_DEVICES of the vLLM server, e.g. 0,1.")] = None,
-    vllm_env: VllmEnv = None,
-    twin: Annotated[bool, typer.Option(
-        "--twin", help="Learn the server: after each trial, fit the simulator's profile "
-                       "to every load test so far (studies/<name>/profile.fitted.yaml), "
-                       "measure the twin's best config next and start each trial at its "
-                       "predicted ceiling.")] = False,
-    twin_prior: Annotated[str | None, typer.Option(
-        help="With --twin: the hardware profile the twin starts from (default: "
-             "--profile's).")] = None,
-    twin_candidates: Annotated[int, typer.Option(
-        help="With --twin: simulated trials behind each of its picks (0: only predict "
-             "each trial's ceiling).")] = 12,
+def search(  # one line per option, each defined in cli._options
+    slo_p99: SloP99 = None, slo: Slo = None, space: Space = "default", gpus: Gpus = None,
+    profile: Profile = None, model: Model = None, backend: SearchBackend = None,
+    study_name: StudyName = None, storage: Storage = None, sampler: Sampler = "tpe",
+    n_trials: NTrials = None, timeout: Timeout = None, budget: Budget = None,
+    objective: Objective = "tokens", per_gpu: PerGpu = False,
+    num_prompts: NumPrompts = NUM_PROMPTS, warmup: Warmup = WARMUP, seed: SearchSeed = 0,
+    prescreen: Prescreen = None, prescreen_trials: PrescreenTrials = 40, top_k: TopK = 3,
+    vllm_cmd: VllmCmd = VLLM_CMD, url: AttachUrl = None, no_prune: NoPrune = False,
+    headroom: Headroom = 0.10, studies_dir: StudiesDir = Path("studies"),
+    max_model_len: MaxModelLen = None, tokenizer: Tokenizer = None, prove_top: ProveTop = 2,
+    min_duration: MinDuration = None, max_duration: MaxDuration = None,
+    backlog_share: BacklogShare = 0.02, tol: Tol = 0.03, max_probes: MaxProbes = 8,
+    validate: Validate = "5m", wandb: Wandb = None, mlflow: Mlflow = None,
+    startup_timeout: StartupTimeout = 900.0, gpu_ids: GpuIds = None,
+    vllm_env: VllmEnv = None, twin: Twin = False, twin_prior: TwinPrior = None,
+    twin_candidates: TwinCandidates = 12,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
-    given = dict(locals())
-    from autotune.search import pipeline
-
     with one_line_errors():
-        code = pipeline.run_search(pipeline.SearchOptions(**given))
+        the_space = load_space(space)
+        sim = sim_profile(profile, the_space, gpus)
+        if (twin_prior or twin_candidates != 12) and not twin:
+            raise OptionsError("--twin-prior and --twin-candidates set up the twin: add --twin")
+        if prescreen is not None and prescreen != "sim":
+            raise OptionsError(f"unknown --prescreen {prescreen!r}; the only pre-screen is "
+                               "'sim'")
+        options = SearchOptions(
+            slo=parse_slo(slo_p99, slo), space=the_space,
+            backend=backend_kind(backend, url=url, model=model), profile=sim,
+            profile_given=profile is not None,
+            workload=WorkloadOptions(num_prompts=num_prompts, warmup=warmup, seed=seed,
+                                     tokenizer=tokenizer, max_model_len=max_model_len),
+            server=server_options(model=model, url=url, vllm_cmd=vllm_cmd,
+                                  startup_timeout=startup_timeout, gpu_ids=gpu_ids,
+                                  vllm_env=vllm_env),
+            steady=parse_steady(min_duration, max_duration, num_prompts, backlog_share),
+            rates=RateSearch(tol=tol, max_probes=max_probes, headroom=headroom),
+            study_name=study_name, storage=storage, studies_dir=studies_dir,
+            sampler=sampler.lower(), n_trials=n_trials,
+            timeout_s=duration("--timeout", timeout), budget_s=duration("--budget", budget),
+            objective=objective, per_gpu=per_gpu, prescreen=True if prescreen else None,
+            prescreen_trials=prescreen_trials, top_k=top_k, prune=not no_prune,
+            prove_top=prove_top, validate_s=parse_validate(validate),
+            twin=TwinOptions(prior=twin_prior or sim.hardware, candidates=twin_candidates)
+            if twin else None, wandb=wandb, mlflow=mlflow)
+        code = pipeline.run_search(options)
     if code:
         raise typer.Exit(code)

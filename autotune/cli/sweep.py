@@ -19,7 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import UsageError, one_line_errors
+from autotune.cli._options import (
     NUM_PROMPTS,
     VLLM_CMD,
     WARMUP,
@@ -27,11 +28,10 @@ from autotune.cli._common import (
     MaxModelLen,
     NumPrompts,
     Seed,
-    UsageError,
     VllmCmd,
     Warmup,
-    one_line_errors,
 )
+from autotune.cli._parse import parse_profile, parse_steady
 from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.terminal import console, err_console
@@ -198,7 +198,6 @@ def _positive(o: SweepOptions) -> None:
 
 
 def _sim_profile(o: SweepOptions, spec: Any) -> tuple[str, str, int]:
-    from autotune.tuning.options import parse_profile
 
     hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     if o.model_profile:
@@ -338,7 +337,6 @@ def _plan(o: SweepOptions, slo: Any, wl: Any) -> Any:
     judged pass / fail / inconclusive), unless ``--min-duration count`` asks for
     fixed-count points."""
     from autotune.backends.base import LoadPlan
-    from autotune.tuning.options import parse_steady
 
     count = (o.min_duration or "").strip().lower() == "count"
     steady = None if count else parse_steady(o.min_duration, o.max_duration, o.num_prompts)

@@ -10,7 +10,8 @@ from typing import Annotated, Literal
 import typer
 
 from autotune.cli._app import app
-from autotune.cli._common import (
+from autotune.cli._common import fail, one_line_errors
+from autotune.cli._options import (
     NUM_PROMPTS,
     WARMUP,
     BacklogShare,
@@ -20,9 +21,8 @@ from autotune.cli._common import (
     NumPrompts,
     Seed,
     Warmup,
-    fail,
-    one_line_errors,
 )
+from autotune.cli._parse import duration, parse_gpu_ids
 from autotune.core.terminal import console, err_console
 from autotune.tuning.options import DEFAULT_CONTEXT
 
@@ -98,7 +98,6 @@ def worker(
 
     from autotune.study.storage import scrub
     from autotune.study.worker import StudySpec, WorkerOptions, run_worker, space_to_dict
-    from autotune.tuning.options import parse_gpu_ids
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     from autotune.study.optuna_adapter import quiet_logging
@@ -125,7 +124,6 @@ def worker(
         if space is not None and slo is not None:
             from autotune.core.slo import parse_slo
             from autotune.study.space import SearchSpace
-            from autotune.tuning.options import duration
 
             sp = SearchSpace.load(space)
             spec = StudySpec(

@@ -26,8 +26,8 @@ ACCEPTED_FORMS = (
 # A margin is finite even when a limit is missed by failures, so Optuna can rank it.
 MAX_MARGIN = 1e3
 
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m)\s*$")
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|min|m|h)\s*$")
 _LIMIT = re.compile(r"^\s*p(\d+(?:\.\d+)?)\s*:\s*([a-z0-9_]+)\s*<=\s*(.+?)\s*$")
 
 
@@ -36,10 +36,10 @@ class SLOError(AutotuneError, ValueError):
 
 
 def parse_duration(text: str) -> float:
-    """``'10s'`` -> 10.0, ``'500ms'`` -> 0.5, ``'1.5m'`` -> 90.0 (seconds)."""
+    """``'10s'`` -> 10.0, ``'500ms'`` -> 0.5, ``'1.5m'`` -> 90.0, ``'2h'`` -> 7200.0."""
     m = _DURATION.match(text)
     if not m:
-        raise SLOError(f"cannot read duration {text!r}: give a number with a unit ms, s or m")
+        raise SLOError(f"cannot read duration {text!r}: give a number with a unit ms, s, m or h")
     value = float(m.group(1)) * _UNITS[m.group(2)]
     if not value > 0:
         raise SLOError(f"duration {text!r} must be greater than 0")

@@ -10,90 +10,57 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
+from autotune.analysis import recommend as rec_mod
+from autotune.analysis.recommend import flags_line, table_row, view_of
+from autotune.backends.base import LoadPlan
+from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.terminal import console, err_console
-from autotune.tuning.options import (
-    DEFAULT_CONTEXT,
-    OptionsError,
-    duration,
-    parse_env,
-    parse_gpu_ids,
-    parse_profile,
-    parse_steady,
-    parse_validate,
+from autotune.report.trackers import make_trackers, optuna_callback
+from autotune.search.options import SearchOptions
+from autotune.servers.process import interrupted_code
+from autotune.sim.profiles import ProfileError, load_hardware, load_model
+from autotune.study.optuna_adapter import quiet_logging
+from autotune.study.seats import TAKEN_OVER_WHY
+from autotune.study.space import CLIENT_PARAMS, SearchSpace
+from autotune.study.storage import mask_url, open_storage
+from autotune.study.study import (
+    SCREEN_PROBES,
+    StudySettings,
+    append_load_test,
+    make_sampler,
+    prescreen_enqueue,
+    rate_bounds,
+    refine_ceilings,
+    rows_from_study,
+    run_study,
 )
+from autotune.study.study_twin import PROFILE_FILE, StudyTwin
+from autotune.study.worker import StudySpec, space_to_dict
+from autotune.tuning.ceiling import lent_evidence, search_steady
+from autotune.tuning.floor import LightTest, advice, floors, light_tests_of
+from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError
+from autotune.tuning.record import stored_trials
+from autotune.tuning.validation import validate_cap
+from autotune.tuning.verdict import screening
+from autotune.workload.sources import load_sharegpt, pool_size
+from autotune.workload.tokenizer import load_tokenizer
 
 if TYPE_CHECKING:
     from autotune.analysis.recommend import RecommendError
     from autotune.backends.base import Backend
-
-BACKENDS = ("sim", "vllm", "attach")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SearchOptions:
-    """Everything ``autotune search`` (and the library call) takes, as the user gave it;
-    :func:`run_search` checks it all before anything is written."""
-
-    slo_p99: str | None = None
-    slo: str | None = None
-    space: str = "default"
-    gpus: int | None = None
-    profile: str | None = None
-    model: str | None = None
-    backend: str | None = None
-    study_name: str | None = None
-    storage: str | None = None
-    sampler: str = "tpe"
-    n_trials: int | None = None
-    timeout: str | None = None
-    budget: str | None = None
-    objective: str = "tokens"
-    per_gpu: bool = False
-    num_prompts: int = 1000
-    warmup: int = 100
-    seed: int = 0
-    prescreen: str | None = None
-    prescreen_trials: int = 40
-    top_k: int = 3
-    vllm_cmd: str = "vllm serve"
-    url: str | None = None
-    no_prune: bool = False
-    headroom: float = 0.10
-    studies_dir: Path = Path("studies")
-    max_model_len: int | None = None
-    tokenizer: str | None = None
-    prove_top: int = 2
-    wandb: str | None = None
-    mlflow: str | None = None
-    startup_timeout: float = 900.0
-    gpu_ids: str | None = None
-    vllm_env: tuple[str, ...] = ()
-    min_duration: str | None = None
-    max_duration: str | None = None
-    backlog_share: float = 0.02
-    tol: float = 0.03
-    max_probes: int = 8
-    validate: str = "5m"
-    twin: bool = False
-    twin_prior: str | None = None
-    twin_candidates: int = 12
-
-    def __post_init__(self) -> None:
-        # Typer hands repeatable options over as lists; a frozen object keeps a tuple.
-        object.__setattr__(self, "vllm_env", tuple(self.vllm_env or ()))
-        object.__setattr__(self, "studies_dir", Path(self.studies_dir))
 
 
 @dataclass(frozen=True)
@@ -142,274 +109,146 @@ def time_estimate(*, n_trials: int, min_s: float, max_s: float, max_probes: int,
     return text + (" (virtual time: the simulator runs it in seconds)" if virtual else "")
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "", text.lower().replace(".", "p"))
-
-
-@dataclass
-class Plan:
-    """Everything validated, nothing written yet."""
-
-    slo: Any
-    space: Any
-    backend: str
-    name: str
-    storage: str
-    settings: Any
-    hardware: str
-    sim_model: str
-    gpus: int
-    steady: Any = None  # autotune.tuning.verdict.SteadyState
-    validate_s: float | None = None
-    gpu_ids: list[int] | None = None  # CUDA_VISIBLE_DEVICES of the launched server
-    env: dict[str, str] = field(default_factory=dict)  # extra environment of the server
-    twin_prior: str | None = None  # the twin's prior hardware profile (--twin), else None
-
-
-def _validate(o: SearchOptions) -> Plan:
-    from autotune.core.slo import combine
-    from autotune.study.space import SearchSpace
-    from autotune.study.study import StudySettings, validate_name
-
-    if o.slo_p99 is None and o.slo is None:
-        raise OptionsError("no SLO given: pass --slo-p99 10s (and/or --slo LIMITS)")
-    slo = combine(o.slo_p99, o.slo)
-    space = SearchSpace.load(o.space)
-    backend = _check_backend(o, space)
-    _check_ranges(o)
-    steady = parse_steady(o.min_duration, o.max_duration, o.num_prompts, o.backlog_share)
-    validate_s = parse_validate(o.validate)
-    if not o.startup_timeout > 0:
-        raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
-                         f"{o.startup_timeout:g}")
-    gpu_ids = parse_gpu_ids(o.gpu_ids)
-    env = parse_env(list(o.vllm_env))
-    timeout_s, budget_s = _time_limits(o, validate_s)
-    hw, sim_model, count = parse_profile(o.profile, space.profile, o.gpus)
-    heads = _attention_heads(o, backend, space.attention_heads, hw, sim_model, count)
-    name = o.study_name or f"{space.name}-{backend}-{_slug(str(slo))}"
-    validate_name(name)
-    url = _storage_for(o, name)
-    settings = StudySettings(
-        name=name, slo=slo, space=space, sampler=o.sampler.lower(), storage=url,
-        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=count,
-        seed=o.seed, n_trials=o.n_trials or (30 if backend == "sim" else 20),
-        # The default simulated study must finish in well under two minutes even on a
-        # busy 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
-        timeout_s=timeout_s if (timeout_s is not None or o.n_trials or backend != "sim")
-        else 75.0,
-        budget_s=budget_s, prune=not o.no_prune, beat_incumbent=not o.no_prune,
-        attention_heads=heads, tol=o.tol,
-        max_probes=o.max_probes, headroom=o.headroom, screen=o.prove_top > 0)
-    return Plan(slo=slo, space=space, backend=backend, name=name, storage=url,
-                settings=settings, hardware=hw, sim_model=sim_model, gpus=count,
-                steady=steady, validate_s=validate_s, gpu_ids=gpu_ids, env=env,
-                twin_prior=(o.twin_prior or hw) if o.twin else None)
-
-
-def _check_backend(o: SearchOptions, space: Any) -> str:
-    """Pick the backend and refuse the choices that do not go with it, before any work."""
-    from autotune.study.study import OBJECTIVES, SAMPLERS, make_sampler
-
-    if o.sampler.lower() not in SAMPLERS:
-        raise OptionsError(f"unknown sampler {o.sampler!r}; use one of {', '.join(SAMPLERS)}")
-    make_sampler(o.sampler, seed=o.seed, space=space)  # e.g. GP without PyTorch
-    if o.objective not in OBJECTIVES:
-        raise OptionsError(f"unknown objective {o.objective!r}; use tokens or requests")
-    backend = o.backend or ("attach" if o.url else "vllm" if o.model else "sim")
-    if backend not in BACKENDS:
-        raise OptionsError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if backend == "attach" and not o.url:
-        raise OptionsError("--backend attach needs --url of the running server")
-    if o.prescreen is not None and o.prescreen != "sim":
-        raise OptionsError(f"unknown --prescreen {o.prescreen!r}; the only pre-screen is 'sim'")
-    if o.prescreen and backend != "vllm":
-        raise OptionsError("--prescreen sim seeds a real study: use it with --backend vllm")
-    if o.twin and backend == "attach":
-        raise OptionsError("--twin learns from the configs autotune starts, and an attached "
-                           "server runs one config: use --twin with --backend vllm")
-    if (o.twin_prior or o.twin_candidates != 12) and not o.twin:
-        raise OptionsError("--twin-prior and --twin-candidates set up the twin: add --twin")
-    if o.twin_candidates < 0:
-        raise OptionsError(f"--twin-candidates must be 0 (predict only the trial at hand) "
-                           f"or more, got {o.twin_candidates}")
-    return backend
-
-
-def _check_ranges(o: SearchOptions) -> None:
-    """Refuse counts and fractions out of range, naming the flag."""
-    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
-                             ("--top-k", o.top_k, 1), ("--prescreen-trials",
-                                                       o.prescreen_trials, 1)):
-        if value < low:
-            raise OptionsError(f"{name} must be at least {low}, got {value}")
-    if o.n_trials is not None and o.n_trials < 1:
-        raise OptionsError(f"--n-trials must be at least 1, got {o.n_trials}")
-    if o.gpus is not None and o.gpus < 1:
-        raise OptionsError(f"--gpus must be at least 1, got {o.gpus}")
-    if not 0 <= o.headroom < 1:
-        raise OptionsError(f"--headroom must be in [0, 1), got {o.headroom}")
-    if o.prove_top < 0:
-        raise OptionsError(f"--prove-top must be 0 (off) or more, got {o.prove_top}")
-    if not 0 < o.tol < 1:
-        raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got {o.tol}")
-    if o.max_probes < 1:
-        raise OptionsError(f"--max-probes must be at least 1, got {o.max_probes}")
-
-
-def _time_limits(o: SearchOptions, validate_s: float | None
-                 ) -> tuple[float | None, float | None]:
-    """--timeout and the server time --budget leaves the search once validation is paid."""
-    timeout_s, budget_s = duration("--timeout", o.timeout), duration("--budget", o.budget)
-    if budget_s is not None and validate_s is not None:
-        # The answer's validation run is part of what the user asked the budget to cover.
-        if budget_s <= validate_s:
-            raise OptionsError(
-                f"--budget {o.budget} leaves no server time for the search after the "
-                f"{o.validate} validation run: raise --budget above {o.validate}, or pass "
-                "--validate off")
-        budget_s -= validate_s
-    return timeout_s, budget_s
-
-
-def _attention_heads(o: SearchOptions, backend: str, heads: int | None, hw: str,
-                     sim_model: str, count: int) -> int | None:
-    """The model's attention heads (for TP rules), checking every simulator profile the
-    run will load so a bad one fails before anything starts."""
-    if backend == "sim" or o.prescreen or o.twin or (backend == "vllm" and o.profile):
-        from autotune.sim.profiles import ProfileError, load_hardware, load_model
-
-        try:
-            load_hardware(f"{count}x{hw}")
-            heads = load_model(sim_model).num_attention_heads
-        except (ProfileError, OSError, ValueError) as exc:
-            raise OptionsError(f"--profile {o.profile or hw}: {exc}") from None
-        if o.twin_prior:
-            try:
-                load_hardware(f"{count}x{o.twin_prior}")
-            except (ProfileError, OSError, ValueError) as exc:
-                raise OptionsError(f"--twin-prior {o.twin_prior}: {exc}") from None
-    return heads
-
-
-def _storage_for(o: SearchOptions, name: str) -> str:
-    """The study's storage URL, refused here if it cannot be opened at all."""
-    from autotune.study.study import storage_url
-
-    url = storage_url(name, o.storage, o.studies_dir)
+def _settings(o: SearchOptions) -> StudySettings:
+    """The study's settings: everything :class:`SearchOptions` implies that needs a file
+    read (the simulator's profiles, the sampler's packages, the storage's driver), so a
+    bad one fails here, before anything is written."""
+    make_sampler(o.sampler, seed=o.workload.seed, space=o.space)  # e.g. GP without PyTorch
+    url = o.storage_url
     if o.storage:
         _check_storage_url(url)
-    if o.storage and url.startswith("sqlite:///"):
-        folder = Path(url[len("sqlite:///"):]).resolve().parent
-        if not folder.is_dir():
-            raise OptionsError(f"cannot open storage {url}: folder {folder} does not exist")
-    return url
+    # The default simulated study must finish in well under two minutes even on a busy
+    # 2-core machine: without --n-trials/--timeout it stops starting trials at 75 s.
+    timeout_s = o.timeout_s if (o.timeout_s is not None or o.n_trials
+                                or o.backend != "sim") else 75.0
+    budget_s = o.budget_s
+    if budget_s is not None and o.validate_s is not None:
+        budget_s -= o.validate_s  # the validation run is paid from the same budget
+    return StudySettings(
+        name=o.name, slo=o.slo, space=_fit_space(o), sampler=o.sampler, storage=url,
+        studies_dir=o.studies_dir, objective=o.objective, per_gpu=o.per_gpu, gpus=o.sim.gpus,
+        seed=o.workload.seed, n_trials=o.n_trials or (30 if o.backend == "sim" else 20),
+        timeout_s=timeout_s, budget_s=budget_s, prune=o.prune, beat_incumbent=o.prune,
+        attention_heads=_attention_heads(o), tol=o.rates.tol, max_probes=o.rates.max_probes,
+        headroom=o.rates.headroom, screen=o.prove_top > 0)
+
+
+def _attention_heads(o: SearchOptions) -> int | None:
+    """The model's attention heads (for TP rules), checking every simulator profile the
+    run will load so a bad one fails before anything starts."""
+    if not (o.backend == "sim" or o.prescreened or o.twin is not None
+            or (o.backend == "vllm" and o.profile_given)):
+        return o.space.attention_heads
+    try:
+        load_hardware(o.sim.node)
+        heads = load_model(o.sim.model).num_attention_heads
+    except (ProfileError, OSError, ValueError) as exc:
+        raise OptionsError(f"--profile {o.sim.hardware}:{o.sim.model}: {exc}") from None
+    if o.twin is not None:
+        try:
+            load_hardware(f"{o.sim.gpus}x{o.twin.prior}")
+        except (ProfileError, OSError, ValueError) as exc:
+            raise OptionsError(f"--twin-prior {o.twin.prior}: {exc}") from None
+    return heads
 
 
 SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
 
 
-def _study_attrs(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any) -> dict[str, Any]:
+def _study_attrs(o: SearchOptions, settings: StudySettings, wl: Any, load_plan: Any
+                 ) -> dict[str, Any]:
     """What the study stores of how it is measured, beside the SLO and space: plain
     attributes for people (optuna-dashboard), and the settings another command needs to
     measure a trial's config the same way."""
-    sim = plan.backend == "sim"
-    settings = {
-        "slo": str(plan.slo), "profile": plan.hardware, "sim_model": plan.sim_model,
-        "gpus": plan.gpus, "num_prompts": o.num_prompts, "warmup": o.warmup, "seed": o.seed,
-        "tol": o.tol, "max_probes": o.max_probes, "headroom": o.headroom,
-        "tokenizer": o.tokenizer, "max_model_len": _sample_max_len(o, plan),
-        "min_duration": o.min_duration, "max_duration": o.max_duration,
-        "backlog_share": o.backlog_share}
-    from autotune.study.study import rate_bounds
-
-    bounds = rate_bounds(plan.space)
+    sim, w, rule = o.backend == "sim", o.workload, o.steady
+    inherited = {
+        "slo": str(o.slo), "profile": o.sim.hardware, "sim_model": o.sim.model,
+        "gpus": o.sim.gpus, "num_prompts": w.num_prompts, "warmup": w.warmup, "seed": w.seed,
+        "tol": o.rates.tol, "max_probes": o.rates.max_probes, "headroom": o.rates.headroom,
+        "tokenizer": w.tokenizer, "max_model_len": _sample_max_len(o, settings),
+        # As the options read them, so `ceiling --study` parses them as its own.
+        "min_duration": _seconds_text(rule.min_duration_s),
+        "max_duration": _seconds_text(rule.max_duration_s),
+        "backlog_share": rule.backlog_share}
+    bounds = rate_bounds(settings.space)
     if bounds is not None:
-        settings["min_rate"], settings["max_rate"] = bounds
-    return {"backend": plan.backend, "source": SIMULATED if sim else MEASURED,
-            "profile": f"{plan.gpus}x{plan.hardware}, {plan.sim_model}" if sim else None,
+        inherited["min_rate"], inherited["max_rate"] = bounds
+    return {"backend": o.backend, "source": SIMULATED if sim else MEASURED,
+            "profile": f"{o.sim.node}, {o.sim.model}" if sim else None,
             "workload": f"{wl.source} ({len(load_plan.requests)} requests, "
                         f"{load_plan.warmup} warm-up)",
-            "tokenizer": wl.tokenizer, SETTINGS_ATTR: settings, **_worker_spec(o, plan)}
+            "tokenizer": wl.tokenizer, SETTINGS_ATTR: inherited,
+            **_worker_spec(o, settings)}
 
 
-def _worker_spec(o: SearchOptions, plan: Plan) -> dict[str, Any]:
+def _seconds_text(seconds: float | None) -> str | None:
+    return None if seconds is None else f"{seconds:g}s"
+
+
+def _worker_spec(o: SearchOptions, settings: StudySettings) -> dict[str, Any]:
     """The spec an ``autotune worker`` given only --study runs this study's trials with
     (without it, a worker started beside its search had no space to join with)."""
-    from autotune.study.worker import StudySpec, space_to_dict
-
-    workload = {"kind": "sharegpt", "num_prompts": o.num_prompts,
-                "max_model_len": _sample_max_len(o, plan), "seed": o.seed}
-    if o.tokenizer:
-        workload["tokenizer"] = o.tokenizer
+    w = o.workload
+    workload = {"kind": "sharegpt", "num_prompts": w.num_prompts,
+                "max_model_len": _sample_max_len(o, settings), "seed": w.seed}
+    if w.tokenizer:
+        workload["tokenizer"] = w.tokenizer
     spec = StudySpec(
-        space=space_to_dict(plan.space), slo=str(plan.slo), objective=o.objective,
-        per_gpu=o.per_gpu, sampler=plan.settings.sampler, seed=o.seed,
-        n_trials=plan.settings.n_trials, gpus=plan.gpus, prune=plan.settings.prune,
-        workload=workload, sim={"hardware": plan.hardware, "model": plan.sim_model},
-        load={"warmup": o.warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
-              "request_timeout_s": 600.0, "max_concurrency": None, "seed": o.seed,
-              "min_duration_s": duration("--min-duration", o.min_duration),
-              "max_duration_s": duration("--max-duration", o.max_duration),
-              "backlog_share": o.backlog_share, "max_probes": o.max_probes, "tol": o.tol})
+        space=space_to_dict(settings.space), slo=str(o.slo), objective=o.objective,
+        per_gpu=o.per_gpu, sampler=settings.sampler, seed=w.seed,
+        n_trials=settings.n_trials, gpus=o.sim.gpus, prune=settings.prune,
+        workload=workload, sim={"hardware": o.sim.hardware, "model": o.sim.model},
+        load={"warmup": w.warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
+              "request_timeout_s": 600.0, "max_concurrency": None, "seed": w.seed,
+              "min_duration_s": o.steady.min_duration_s,
+              "max_duration_s": o.steady.max_duration_s,
+              "backlog_share": o.steady.backlog_share, "max_probes": o.rates.max_probes,
+              "tol": o.rates.tol})
     return spec.attrs()
 
 
-def _sample_max_len(o: SearchOptions, plan: Plan) -> int:
+def _sample_max_len(o: SearchOptions, settings: StudySettings) -> int:
     """The longest ShareGPT pair (prompt + output tokens) the workload keeps."""
-    return o.max_model_len or int(plan.space.fixed.get("max_model_len") or DEFAULT_CONTEXT)
+    fixed = settings.space.fixed.get("max_model_len")
+    return o.workload.max_model_len or int(fixed or DEFAULT_CONTEXT)
 
 
 def _check_storage_url(url: str) -> None:
     """A URL sqlalchemy cannot even parse, or whose database driver is missing, fails
     here before the workload is built (reachability is checked when it is opened)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
     try:
         make_url(url).get_dialect()
     except (ArgumentError, NoSuchModuleError, ImportError) as exc:
         raise OptionsError(f"cannot open storage {url}: {exc}") from None
 
 
-def _workload(o: SearchOptions, plan: Plan) -> Any:
-    from autotune.workload.sources import load_sharegpt, pool_size
-    from autotune.workload.tokenizer import load_tokenizer
-
-    tok = load_tokenizer(o.tokenizer)
-    mml = _sample_max_len(o, plan)
-    return load_sharegpt(tokenizer=tok, num_prompts=pool_size(o.num_prompts) + o.warmup,
-                         max_model_len=mml, seed=o.seed)
+def _workload(o: SearchOptions, settings: StudySettings) -> Any:
+    w = o.workload
+    return load_sharegpt(tokenizer=load_tokenizer(w.tokenizer),
+                         num_prompts=pool_size(w.num_prompts) + w.warmup,
+                         max_model_len=_sample_max_len(o, settings), seed=w.seed)
 
 
 def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) -> Any:
-    from autotune.backends.base import LoadPlan
-
     reqs = list(wl.requests)
     n_warm = min(warmup, max(len(reqs) - 1, 0))
     return LoadPlan(slo=slo, requests=reqs[n_warm:], warmup_requests=reqs[:n_warm],
                     warmup=n_warm, seed=seed, window_s=1.0, steady=steady)
 
 
-def _backend(o: SearchOptions, plan: Plan) -> Backend:
-    from autotune.backends.factory import BackendSpec, create_backend
-
-    model = o.model or plan.space.fixed.get("model")
-    if plan.backend == "vllm" and not model:
-        raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the space)")
+def _backend(o: SearchOptions, settings: StudySettings) -> Backend:
+    model = settings.space.fixed.get("model")
+    server = o.server
     return create_backend(BackendSpec(
-        kind=plan.backend, hardware=f"{plan.gpus}x{plan.hardware}", sim_model=plan.sim_model,
-        url=o.url, model=None if model is None else str(model), vllm_cmd=o.vllm_cmd,
-        log_dir=plan.settings.out_dir / "logs", env=plan.env,
-        startup_timeout_s=o.startup_timeout, gpu_ids=plan.gpu_ids, gpus=plan.gpus))
+        kind=o.backend, hardware=o.sim.node, sim_model=o.sim.model, url=server.url,
+        model=None if model is None else str(model), vllm_cmd=server.vllm_cmd,
+        log_dir=settings.out_dir / "logs", env=dict(server.env),
+        startup_timeout_s=server.startup_timeout_s,
+        gpu_ids=None if server.gpu_ids is None else list(server.gpu_ids), gpus=o.sim.gpus))
 
 
-def _attach_space(space: Any) -> Any:
+def _attach_space(space: SearchSpace) -> SearchSpace:
     """An attached server cannot restart: only client-side parameters are searched."""
-    from dataclasses import replace
-
-    from autotune.study.space import CLIENT_PARAMS
-
     params = {k: v for k, v in space.params.items() if k in CLIENT_PARAMS}
     if not params:
         raise OptionsError(f"space {space.name} has no request_rate to search on an attached "
@@ -488,8 +327,6 @@ class LiveView:
                        soft_wrap=True, highlight=False, markup=False)
 
     def add(self, number: int, result: Any, violations: list[Any]) -> None:
-        from autotune.analysis.recommend import flags_line
-
         if result is None:
             row = [str(number), "", "", "-", "-",
                    "not launched: " + "; ".join(str(v) for v in violations)]
@@ -527,59 +364,48 @@ class LiveView:
 def run_search(o: SearchOptions) -> int:
     """The whole pipeline: prescreen, study, refinement, validation, recommendation,
     report.  Returns the exit code (0, 1 when no config met the SLO, 130 on Ctrl-C)."""
-    from autotune.analysis import recommend as rec_mod
-    from autotune.servers.process import interrupted_code
-    from autotune.study.optuna_adapter import quiet_logging
-    from autotune.study.storage import mask_url, open_storage
-    from autotune.study.study import run_study
-
     quiet_logging()
-
-    plan = _validate(o)
-    from autotune.report.trackers import make_trackers, optuna_callback
-
+    settings = _settings(o)
     # A missing tracker package fails here, before anything is written or run.
     trackers = make_trackers(wandb_project=o.wandb, mlflow_uri=o.mlflow)
-    on_trial_end = optuna_callback(trackers, plan.name) if trackers else None
-    _fit_space(o, plan)
-    wl = _workload(o, plan)
-    load_plan = _load_plan(plan.slo, wl, o.warmup, o.seed, plan.steady)
+    on_trial_end = optuna_callback(trackers, settings.name) if trackers else None
+    wl = _workload(o, settings)
+    load_plan = _load_plan(o.slo, wl, o.workload.warmup, o.workload.seed, o.steady)
     # The first write: everything else is checked.  PostgreSQL/MySQL get heartbeats and
     # retries (autotune.study.storage), so `autotune worker`s can share the study.
     if not o.storage:
         _make_studies_dir(o)
-    storage = open_storage(plan.storage)
+    storage = open_storage(o.storage_url)
     out = console
-    _print_header(o, plan, wl, load_plan, out)
-    enqueue: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    _print_header(o, settings, wl, load_plan, out)
     # The first configs come from the simulator whenever a profile is known: a real
     # study given --profile is pre-screened unless told otherwise.
-    if o.prescreen or (o.prescreen is None and plan.backend == "vllm" and o.profile):
-        enqueue = _prescreen(o, plan, load_plan, storage, out)
-    backend = _backend(o, plan)
+    enqueue = _prescreen(o, settings, load_plan, storage, out) if o.prescreened else []
+    backend = _backend(o, settings)
     server0 = backend.server_s
     server_all = 0.0
-    twin = _twin(o, plan, load_plan, out)
+    twin = _twin(o, settings, load_plan, out)
     phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
     try:
-        with LiveView(out, plan.slo, plan.backend) as view:
-            run = run_study(plan.settings, backend, load_plan, storage=storage,
+        with LiveView(out, o.slo, o.backend) as view:
+            run = run_study(settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
                             on_probe=view.probe, on_progress=view.progress,
-                            attrs=_study_attrs(o, plan, wl, load_plan),
+                            attrs=_study_attrs(o, settings, wl, load_plan),
                             **_twin_hooks(twin, out))
-        rec = _recommend_proved(o, plan, run, backend, load_plan, out, view, server0, phases)
+        rec = _recommend_proved(o, settings, run, backend, load_plan, out, view, server0,
+                                phases)
     except rec_mod.RecommendError as exc:
-        _no_recommendation(exc, plan, run, load_plan)
-        _report(plan, out)  # the trials that ran are still worth a look
+        _no_recommendation(exc, o, run, load_plan)
+        _report(settings, out)  # the trials that ran are still worth a look
         return 1
     except (KeyboardInterrupt, SystemExit) as exc:
         code = interrupted_code(exc)
         if code is None:
             raise
         err_console.print(f"interrupted: the finished trials are kept in "
-                          f"{mask_url(plan.storage)}; run the same command to resume",
-                          soft_wrap=True)
+                          f"{mask_url(settings.storage or '')}; run the same command to "
+                          "resume", soft_wrap=True)
         return code
     finally:
         server_all = backend.server_s - server0
@@ -587,22 +413,20 @@ def run_search(o: SearchOptions) -> int:
         for t in trackers:
             with contextlib.suppress(Exception):
                 t.close()
-    _add_run_notes(rec, plan, run, server_all)
-    _write_answer(plan, rec, out, phases)
+    _add_run_notes(rec, o, run, server_all)
+    _write_answer(settings, rec, out, phases)
     return 0
 
 
-def _fit_space(o: SearchOptions, plan: Plan) -> None:
-    """Narrow or complete the space to what this backend can start and report."""
-    if plan.backend == "attach":
-        plan.space = _attach_space(plan.space)
-        plan.settings.space = plan.space
-    elif o.model and "model" not in plan.space.fixed:
-        # So the recommendation's `vllm serve` line names the model that was measured.
-        from dataclasses import replace
-
-        plan.space = replace(plan.space, fixed={"model": o.model, **plan.space.fixed})
-        plan.settings.space = plan.space
+def _fit_space(o: SearchOptions) -> SearchSpace:
+    """The space narrowed or completed to what this backend can start and report."""
+    if o.backend == "attach":
+        return _attach_space(o.space)
+    if o.server.model:
+        # --model over the space's: the server launches it, and the recommendation's
+        # `vllm serve` line names the model that was measured.
+        return replace(o.space, fixed={**o.space.fixed, "model": o.server.model})
+    return o.space
 
 
 def _make_studies_dir(o: SearchOptions) -> None:
@@ -616,70 +440,65 @@ def _make_studies_dir(o: SearchOptions) -> None:
                            f"({exc.strerror or exc})") from None
 
 
-def _print_header(o: SearchOptions, plan: Plan, wl: Any, load_plan: Any,
+def _print_header(o: SearchOptions, settings: StudySettings, wl: Any, load_plan: Any,
                   out: Console) -> None:
     """Say up front what is measured and how long it may take, before any server starts."""
-    from autotune.study.storage import mask_url
-
-    rule = plan.steady
-    out.print(f"study [bold]{plan.name}[/] ({mask_url(plan.storage)}); backend {plan.backend}; "
-              f"space {plan.space.name}; SLO {plan.slo}; workload {wl.source} "
+    rule = o.steady
+    out.print(f"study [bold]{settings.name}[/] ({mask_url(settings.storage or '')}); "
+              f"backend {o.backend}; "
+              f"space {settings.space.name}; SLO {o.slo}; workload {wl.source} "
               f"({len(load_plan.requests)} requests, cycled), tokens counted with "
               f"{wl.tokenizer}; each trial starts its config once and searches its ceiling; "
               f"each load test: {load_plan.warmup} warm-up requests excluded, then at least "
-              f"{rule.min_s(plan.slo):g} s of arrivals and {rule.min_requests} requests "
-              f"before it may pass, up to {rule.max_s(plan.slo):g} s, stopped as soon as "
+              f"{rule.min_s(o.slo):g} s of arrivals and {rule.min_requests} requests "
+              f"before it may pass, up to {rule.max_s(o.slo):g} s, stopped as soon as "
               "its steady-state verdict is certain", soft_wrap=True)
-    out.print(_time_line(plan, rule, o.prove_top), soft_wrap=True)
+    out.print(_time_line(o, settings), soft_wrap=True)
 
 
-def _recommend_proved(o: SearchOptions, plan: Plan, run: Any, backend: Backend,
+def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend,
                       load_plan: Any, out: Console, view: LiveView, server0: float,
                       phases: dict[str, float]) -> Any:
     """Turn the study into a recommendation, proved and validated where asked, so the
     answer rests on full tests rather than screening ones."""
-    from autotune.analysis import recommend as rec_mod
-    from autotune.study.study import rate_bounds
-
     views = _views(run.study)
-    bounds = rate_bounds(plan.space)
+    bounds = rate_bounds(settings.space)
     rec = rec_mod.recommend(
-        views, slo=str(plan.slo),
+        views, slo=str(o.slo),
         objective=("output tok/s" if o.objective == "tokens" else "req/s")
         + (" per GPU" if o.per_gpu else ""),
-        headroom=o.headroom, rate_high=bounds[1] if bounds else None)
+        headroom=o.rates.headroom, rate_high=bounds[1] if bounds else None)
     phases["study"] = run.wall_s
     ceilings: list[Any] = []
     if o.prove_top:
         t0 = time.monotonic()
-        ceilings = _prove(o, plan, run, backend, load_plan, out, view,
-                          deadline_s=None if plan.settings.budget_s is None
-                          else server0 + plan.settings.budget_s)
+        ceilings = _prove(o, settings, run, backend, load_plan, out, view,
+                          deadline_s=None if settings.budget_s is None
+                          else server0 + settings.budget_s)
         rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
                                      objective=o.objective, per_gpu=o.per_gpu)
         phases["proof"] = time.monotonic() - t0
-    if plan.backend == "attach":
-        rec.best.command = (f"(attached server at {o.url}: autotune did not launch it and "
+    if o.backend == "attach":
+        rec.best.command = (f"(attached server at {o.server.url}: autotune did not launch it and "
                             "cannot see its flags; keep them and enforce the rate cap)")
-    if plan.validate_s and rec.rate_cap:
+    if o.validate_s and rec.rate_cap:
         t0 = time.monotonic()
         proof = next((c.result for c in ceilings if c.trial == rec.best.trial
                       and hasattr(c.result, "probes")), None)
-        _validate_cap(rec, backend, load_plan, plan, out, proof=proof,
-                      deadline_s=None if plan.settings.budget_s is None
-                      else server0 + plan.settings.budget_s + plan.validate_s)
+        _validate_cap(rec, backend, load_plan, o, settings, out, proof=proof,
+                      deadline_s=None if settings.budget_s is None
+                      else server0 + settings.budget_s + o.validate_s)
         phases["validation"] = time.monotonic() - t0
     _rate_table(rec, run.study, backend)
     return rec
 
 
-def _no_recommendation(exc: RecommendError, plan: Plan, run: Any, load_plan: Any) -> None:
+def _no_recommendation(exc: RecommendError, o: SearchOptions, run: Any, load_plan: Any
+                       ) -> None:
     """Say why there is no answer, with how the run ended, since that is what to change."""
-    from autotune.analysis import recommend as rec_mod
-
     text = str(exc)
     if isinstance(exc, rec_mod.NothingFeasible):
-        floor = _floor_note(run.study, plan.slo, load_plan)
+        floor = _floor_note(run.study, o.slo, load_plan)
         if floor:  # "lower the rate" is the wrong advice there: say why instead
             text = f"{exc.finding}: {floor}"
     # How the run ended is part of the answer: a budget that ran out is the first
@@ -689,14 +508,12 @@ def _no_recommendation(exc: RecommendError, plan: Plan, run: Any, load_plan: Any
     err_console.print(f"[bold red]no recommendation:[/] {text}", soft_wrap=True)
 
 
-def _add_run_notes(rec: Any, plan: Plan, run: Any, server_all: float) -> None:
+def _add_run_notes(rec: Any, o: SearchOptions, run: Any, server_all: float) -> None:
     """Note how this run went (retries, takeovers, time spent) beside the answer."""
     if run.stale_failed:
         rec.notes.append(f"trials {run.stale_failed} were left running by a killed process: "
                          "marked failed and retried")
     if run.taken_over:
-        from autotune.study.seats import TAKEN_OVER_WHY
-
         rec.notes.append(f"trials {run.taken_over} were failed by another process while they "
                          f"ran here ({TAKEN_OVER_WHY}); their configs were queued again")
     pruned = sum(1 for r in run.rows if r.reason == "below_incumbent")
@@ -705,54 +522,48 @@ def _add_run_notes(rec: Any, plan: Plan, run: Any, server_all: float) -> None:
         + (f" ({run.ran_here} here, {run.new_trials - run.ran_here} by workers)"
            if run.ran_here < run.new_trials else "")
         + f" in {run.wall_s:.1f} s wall, "
-        f"{run.server_s:.0f} s server time ({'virtual' if plan.backend == 'sim' else 'wall'}"
+        f"{run.server_s:.0f} s server time ({'virtual' if o.backend == 'sim' else 'wall'}"
         f", restarts included), stopped by {run.stopped_by}; {pruned} trials stopped after "
         "one load test below the incumbent's rate; "
         f"{server_all:.0f} s server time in all (study, proof and validation)")
 
 
-def _write_answer(plan: Plan, rec: Any, out: Console, phases: dict[str, float]) -> None:
+def _write_answer(settings: StudySettings, rec: Any, out: Console,
+                  phases: dict[str, float]) -> None:
     """Write and print the recommendation, then the report, and where the time went."""
-    from autotune.analysis import recommend as rec_mod
-
-    folder = plan.settings.out_dir
+    folder = settings.out_dir
     folder.mkdir(parents=True, exist_ok=True)
     write_json(folder / "recommendation.json", rec.to_dict())
     md = rec_mod.to_markdown(rec)
     atomic_write(folder / "recommendation.md", md)
     _print(out, rec, folder)
     t0 = time.monotonic()
-    _report(plan, out)
+    _report(settings, out)
     phases["report"] = time.monotonic() - t0
     out.print("wall time by phase: " + ", ".join(f"{k} {v:.1f} s" for k, v in phases.items())
               + f" ({sum(phases.values()):.1f} s in all)", soft_wrap=True)
 
 
-def _time_line(plan: Plan, rule: Any, prove_top: int) -> str:
+def _time_line(o: SearchOptions, s: StudySettings) -> str:
     """The study's time estimate: screening tests then the proof's, or full tests."""
-    from autotune.study.study import SCREEN_PROBES
-    from autotune.tuning.verdict import screening
-
-    s, slo = plan.settings, plan.slo
+    rule, slo = o.steady, o.slo
     proof, probes = None, s.max_probes
     if s.screen:
-        proof = ProofSize(prove_top, rule.min_s(slo), rule.max_s(slo), s.max_probes)
+        proof = ProofSize(o.prove_top, rule.min_s(slo), rule.max_s(slo), s.max_probes)
         rule, probes = screening(rule, slo), min(s.max_probes, SCREEN_PROBES)
     return time_estimate(
         n_trials=s.n_trials or 0, min_s=rule.min_s(slo), max_s=rule.max_s(slo),
         max_probes=probes,
-        validate_s=plan.validate_s, budget_s=None if s.budget_s is None
-        else s.budget_s + (plan.validate_s or 0.0), virtual=plan.backend == "sim",
+        validate_s=o.validate_s, budget_s=None if s.budget_s is None
+        else s.budget_s + (o.validate_s or 0.0), virtual=o.backend == "sim",
         proof=proof)
 
 
-def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
+def _prove(o: SearchOptions, settings: StudySettings, run: Any, backend: Any, load_plan: Any,
            out: Console, view: LiveView, *, deadline_s: float | None = None) -> list[Any]:
     """Prove once: the full steady-state ceiling search on the best screened configs,
     on the study's backend; its load tests report as the study's do (a real proof runs
     for many minutes)."""
-    from autotune.study.study import refine_ceilings
-
     how = SIMULATED if backend.mode == "virtual" else MEASURED
     out.print(f"proving the {o.prove_top} best screened configs ({how}; the full ceiling "
               "search from each one's screened rate, to --tol, every test a sequential "
@@ -763,43 +574,40 @@ def _prove(o: SearchOptions, plan: Plan, run: Any, backend: Any, load_plan: Any,
                   highlight=False)
 
     return refine_ceilings(run.rows, backend, load_plan, top_k=o.prove_top,
-                           headroom=o.headroom, tol=o.tol, max_probes=o.max_probes,
-                           out_dir=plan.settings.out_dir, on_ceiling=show,
+                           headroom=o.rates.headroom, tol=o.rates.tol,
+                           max_probes=o.rates.max_probes,
+                           out_dir=settings.out_dir, on_ceiling=show,
                            deadline_s=deadline_s,
                            on_probe=lambda n, p: view.probe(n, p, "proof of trial"),
                            on_progress=lambda n, r, ev: view.progress(n, r, ev,
                                                                       "proof of trial"))
 
 
-def _report(plan: Plan, out: Console) -> None:
+def _report(settings: StudySettings, out: Console) -> None:
     """The HTML/Markdown report; a failure here must never lose the study."""
     try:
         from autotune.report import write_report
 
-        paths = write_report(plan.name, plan.storage, plan.settings.out_dir)
+        paths = write_report(settings.name, settings.storage, settings.out_dir)
     except Exception as exc:  # the study and recommendation are already saved
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         err_console.print(f"warning: no report written ({type(exc).__name__}: {first}); "
-                          f"the study is saved: run autotune report --study-name {plan.name}",
+                          f"the study is saved: run autotune report --study-name {settings.name}",
                           soft_wrap=True)
         return
     html, md = getattr(paths, "html", None), getattr(paths, "markdown", None)
     out.print(f"wrote report {html} and {md}", soft_wrap=True)
 
 
-def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: Console
+def _prescreen(o: SearchOptions, settings: StudySettings, load_plan: Any, storage: Any, out: Console
                ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    from dataclasses import replace
 
-    from autotune.backends.factory import BackendSpec, create_backend
-    from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
-
-    sim = create_backend(BackendSpec(kind="sim", hardware=f"{plan.gpus}x{plan.hardware}",
-                                     sim_model=plan.sim_model))
-    pre = replace(plan.settings, name=plan.name + "-prescreen", n_trials=o.prescreen_trials,
+    sim = create_backend(BackendSpec(kind="sim", hardware=f"{o.sim.gpus}x{o.sim.hardware}",
+                                     sim_model=o.sim.model))
+    pre = replace(settings, name=settings.name + "-prescreen", n_trials=o.prescreen_trials,
                   timeout_s=None, budget_s=None)
     run = run_study(pre, sim, load_plan, storage=storage)
-    picks = prescreen_enqueue(rows_from_study(run.study), plan.space,
+    picks = prescreen_enqueue(rows_from_study(run.study), settings.space,
                               top_k=o.top_k)
     out.print(f"pre-screen: {run.new_trials} simulated trials in {run.wall_s:.1f} s; "
               f"measuring the top {len(picks)} configs first, each at its predicted "
@@ -807,20 +615,17 @@ def _prescreen(o: SearchOptions, plan: Plan, load_plan: Any, storage: Any, out: 
     return picks
 
 
-def _twin(o: SearchOptions, plan: Plan, load_plan: Any, out: Console) -> Any:
+def _twin(o: SearchOptions, settings: StudySettings, load_plan: Any, out: Console) -> Any:
     """The study's twin (``--twin``), starting from its prior profile; None without."""
-    if plan.twin_prior is None:
+    if o.twin is None:
         return None
-    from autotune.sim.profiles import load_hardware, load_model
-    from autotune.study.study_twin import PROFILE_FILE, StudyTwin
-
-    twin = StudyTwin.for_study(prior=load_hardware(f"{plan.gpus}x{plan.twin_prior}"),
-                               model=load_model(plan.sim_model), settings=plan.settings,
-                               plan=load_plan, candidates=o.twin_candidates)
-    out.print(f"twin: the simulator on {plan.gpus}x{plan.twin_prior}, {plan.sim_model} "
+    twin = StudyTwin.for_study(prior=load_hardware(f"{o.sim.gpus}x{o.twin.prior}"),
+                               model=load_model(o.sim.model), settings=settings,
+                               plan=load_plan, candidates=o.twin.candidates)
+    out.print(f"twin: the simulator on {o.sim.gpus}x{o.twin.prior}, {o.sim.model} "
               "learns this server: after each trial its profile is refitted to every load "
-              f"test so far ({plan.settings.out_dir / PROFILE_FILE}), the next trial is "
-              f"its best of {o.twin_candidates} simulated trials, and each trial starts at "
+              f"test so far ({settings.out_dir / PROFILE_FILE}), the next trial is "
+              f"its best of {o.twin.candidates} simulated trials, and each trial starts at "
               "its predicted ceiling (predictions simulated, load tests measured)",
               soft_wrap=True)
     return twin
@@ -841,18 +646,12 @@ def _twin_hooks(twin: Any, out: Console) -> dict[str, Any]:
 
 
 def _views(study: Any) -> list[Any]:
-    from autotune.analysis.recommend import view_of
-    from autotune.tuning.record import stored_trials
-
     return [view_of(t) for t in stored_trials(study)]
 
 
 def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
     """When no config met the SLO: is a limit missed even where a config kept up with
     the load (so a lower rate cannot help)?  From each trial's lowest-rate test."""
-    from autotune.tuning.floor import LightTest, advice, floors, light_tests_of
-    from autotune.tuning.record import stored_trials
-
     trials = stored_trials(study)
     tests = [LightTest.of(t.number, t.rate, t.evidence) for t in trials]
     tests += [lt for t in trials for lt in light_tests_of(t.number, t.probes(trials))]
@@ -865,9 +664,6 @@ def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
 def _rate_table(rec: Any, study: Any, backend: Any) -> None:
     """The seed-style table for the recommended config, from its own trial's load tests
     (the rate search) and the validation runs: no extra server time is spent."""
-    from autotune.analysis.recommend import table_row
-    from autotune.tuning.record import stored_trials
-
     trials = stored_trials(study)
     probes = next(t for t in trials if t.number == rec.best.trial).probes(trials)
     measured = backend.mode != "virtual"
@@ -907,36 +703,31 @@ def _rate_table(rec: Any, study: Any, backend: Any) -> None:
                      "not pass, as a goodput that does not hold is none.")
 
 
-def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Console, *,
+def _validate_cap(rec: Any, backend: Any, load_plan: Any, o: SearchOptions,
+                  settings: StudySettings, out: Console, *,
                   proof: Any = None, deadline_s: float | None = None) -> None:
     """The recommended config at its cap for ``--validate`` (the seed's 5 minutes);
     with its ``proof`` (a CeilingResult), each run pools the proof's tests at or above
     its rate, as that search's own tests do.  ``deadline_s`` (the backend's server_s
     clock): the --budget's end, where a run is cut and no further run starts."""
-    from dataclasses import replace
-
-    from autotune.tuning.ceiling import lent_evidence, search_steady
-    from autotune.tuning.validation import validate_cap
 
     if deadline_s is not None:
         load_plan = replace(load_plan, deadline_s=deadline_s)
     if proof is not None and load_plan.steady is not None:
         load_plan = replace(load_plan, steady=search_steady(load_plan.steady,
-                                                            plan.settings.max_probes))
+                                                            settings.max_probes))
 
     how = "virtual time" if backend.mode == "virtual" else "real time"
-    duration_s = float(plan.validate_s or 300.0)
+    duration_s = float(o.validate_s or 300.0)
     out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
               f"{duration_s / 60:g} min ({how}); a failed run steps the cap down 5%",
               soft_wrap=True)
-    from autotune.study.study import append_load_test
-
     val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
                        duration_s=duration_s,
                        prior_for=None if proof is None
                        else (lambda rate: lent_evidence(proof.probes, rate)),
                        on_result=lambda res: append_load_test(
-                           plan.settings.out_dir, plan.name, rec.best.trial, res,
+                           settings.out_dir, settings.name, rec.best.trial, res,
                            "validation"),
                        on_run=lambda r: out.print(
                            f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
@@ -947,8 +738,6 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, plan: Plan, out: Conso
 
 
 def _print(out: Console, rec: Any, folder: Path) -> None:
-    from autotune.analysis.recommend import flags_line
-
     b = rec.best
     out.print()
     out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",

@@ -18,6 +18,7 @@ is never printed: :func:`mask_url` shows ``postgresql://user:***@host/db``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -33,9 +34,9 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.core.errors import AutotuneError
+from autotune.core.files import file_lock
 from autotune.study.optuna_adapter import FrozenStudy, HeartbeatRelay, cached_rdb, heartbeat_rdb
 from autotune.study.optuna_adapter import heartbeat_enabled as heartbeat_enabled
-from autotune.study.study import StudyError
 
 log = logging.getLogger("autotune.study.storage")
 
@@ -45,7 +46,11 @@ DEFAULT_RETRY_S = 120.0  # how long a storage call keeps retrying an unreachable
 SERVER_SCHEMES = ("postgresql", "postgres", "mysql", "mariadb")
 
 
-class StorageError(StudyError, AutotuneError):
+class StudyError(AutotuneError, ValueError):
+    """The study cannot be created or continued as asked."""
+
+
+class StorageError(StudyError):
     """The storage cannot be opened or reached; the message never holds a password."""
 
 
@@ -374,9 +379,7 @@ def open_storage(
     if kind == "journal":
         return _open_journal(url[len("journal:"):], shown)
     if kind == "sqlite":
-        from autotune.study.study import open_storage as open_sqlite
-
-        return open_sqlite(url)
+        return _open_sqlite(url)
     if kind != "server":
         raise StorageError(f"unsupported storage {shown}: use sqlite:///PATH, "
                            "postgresql://USER@HOST/DB, mysql://USER@HOST/DB or journal:PATH")
@@ -428,3 +431,52 @@ def _first_line(exc: BaseException, url: str) -> str:
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     return scrub(first, url)
+
+
+# ----------------------------------------------------------------------------- sqlite
+
+
+def _open_sqlite(url: str) -> optuna.storages.RDBStorage:
+    """An Optuna storage, or a StudyError that says why it cannot be opened."""
+    if url.startswith("sqlite:///"):
+        path = Path(url[len("sqlite:///"):])
+        parent = path.resolve().parent
+        if not parent.exists():
+            # Only the default studies/ folder is created; another path must exist.
+            if parent.name == "studies" or path.parent == Path("studies"):
+                parent.mkdir(parents=True, exist_ok=True)
+            else:
+                raise StudyError(f"cannot open storage {url}: folder {parent} does not exist")
+    lock: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if url.startswith("sqlite:///") and path.name not in ("", ":memory:"):
+        # Optuna creates the schema on first open, and two processes doing that at once
+        # collide ("UNIQUE constraint failed: alembic_version.version_num"): take turns.
+        lock = file_lock(path.with_name(path.name + ".lock"))
+    try:
+        # SQLite: wait up to 30 s for a lock (Python's default is 5 s), so a reader such
+        # as optuna-dashboard or `autotune report` on the same file cannot fail a study.
+        with lock:
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
+                else {"connect_args": {"timeout": 30.0}})
+    except Exception as exc:  # sqlalchemy raises many kinds: say which, in one line
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise StudyError(f"cannot open storage {url}: {first}") from None
+    if url.startswith("sqlite"):
+        _sqlite_wal(storage)
+    return storage
+
+
+def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
+    """WAL with synchronous=NORMAL: a commit no longer waits for fsync, and a killed
+    process still loses nothing that was committed (only a power cut could)."""
+    from sqlalchemy import event
+
+    def on_connect(dbapi_conn: Any, _record: Any) -> None:
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+    event.listen(storage.engine, "connect", on_connect)
+    storage.engine.dispose()

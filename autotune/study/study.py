@@ -12,7 +12,6 @@ crashed trials are infeasible with their reason in the user attrs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -28,7 +27,6 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.backends.base import Backend, LoadPlan, TrialFailed
-from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
 from autotune.core.metrics import SIMULATED
 from autotune.core.slo import MAX_MARGIN, SLO
@@ -43,6 +41,7 @@ from autotune.study.optuna_adapter import (
 )
 from autotune.study.seats import run_seated_trial, should_wait
 from autotune.study.space import CLIENT_PARAMS, SearchSpace, Violation, canonical_params
+from autotune.study.storage import StudyError, open_storage
 from autotune.tuning.pruning import PrunerSettings
 from autotune.tuning.record import StoredTrial, stored_trials
 from autotune.tuning.trial import INFEASIBLE, PRUNED, TrialResult, write_records
@@ -55,10 +54,6 @@ RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it cou
 # Trial system attr, set once every value of the trial is suggested; see _choosing.
 CONFIGURED_ATTR = "autotune:configured"
 CHOOSING_S = 60.0
-
-
-class StudyError(AutotuneError, ValueError):
-    """The study cannot be created or continued as asked."""
 
 
 # A screening trial's ceiling search: to within 15%, in at most 4 short tests.
@@ -132,54 +127,6 @@ def make_sampler(name: str, *, seed: int, space: SearchSpace) -> optuna.samplers
     if key == "grid":
         return optuna.samplers.GridSampler(space.grid(), seed=seed)
     raise StudyError(f"unknown sampler {name!r}; use one of {', '.join(SAMPLERS)}")
-
-
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """An Optuna storage, or a StudyError that says why it cannot be opened."""
-    if url.startswith("sqlite:///"):
-        path = Path(url[len("sqlite:///"):])
-        parent = path.resolve().parent
-        if not parent.exists():
-            # Only the default studies/ folder is created; another path must exist.
-            if parent.name == "studies" or path.parent == Path("studies"):
-                parent.mkdir(parents=True, exist_ok=True)
-            else:
-                raise StudyError(f"cannot open storage {url}: folder {parent} does not exist")
-    lock: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if url.startswith("sqlite:///") and path.name not in ("", ":memory:"):
-        from autotune.core.files import file_lock
-
-        # Optuna creates the schema on first open, and two processes doing that at once
-        # collide ("UNIQUE constraint failed: alembic_version.version_num"): take turns.
-        lock = file_lock(path.with_name(path.name + ".lock"))
-    try:
-        # SQLite: wait up to 30 s for a lock (Python's default is 5 s), so a reader such
-        # as optuna-dashboard or `autotune report` on the same file cannot fail a study.
-        with lock:
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs={"pool_pre_ping": True} if not url.startswith("sqlite")
-                else {"connect_args": {"timeout": 30.0}})
-    except Exception as exc:  # sqlalchemy raises many kinds: say which, in one line
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise StudyError(f"cannot open storage {url}: {first}") from None
-    if url.startswith("sqlite"):
-        _sqlite_wal(storage)
-    return storage
-
-
-def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
-    """WAL with synchronous=NORMAL: a commit no longer waits for fsync, and a killed
-    process still loses nothing that was committed (only a power cut could)."""
-    from sqlalchemy import event
-
-    def on_connect(dbapi_conn: Any, _record: Any) -> None:
-        cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
-        cur.close()
-
-    event.listen(storage.engine, "connect", on_connect)
-    storage.engine.dispose()
 
 
 def open_study(settings: StudySettings, storage: optuna.storages.BaseStorage,

@@ -56,8 +56,8 @@ from autotune.study.seats import (
     should_wait,
 )
 from autotune.study.space import SearchSpace
-from autotune.study.storage import mask_url, open_storage
-from autotune.study.study import StudyError, StudySettings, process_running, validate_name
+from autotune.study.storage import StudyError, mask_url, open_storage
+from autotune.study.study import StudySettings, process_running, validate_name
 
 SPEC_ATTR = "autotune:spec"
 INTERRUPTED = "interrupted"

@@ -23,6 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import AutotuneError
+from autotune.sim.profiles import ProfileError, load_hardware, load_model
+from autotune.tuning.options import (
+    DEFAULT_CONTEXT,
+    ServerOptions,
+    SimProfile,
+    WorkloadOptions,
+    at_least,
+)
+from autotune.workload.sources import pool_workload
 
 DEFAULT_LOADS = (0.5, 0.8)
 
@@ -35,30 +44,29 @@ class CalibrationError(AutotuneError, ValueError):
 class CalibrateOptions:
     """What ``autotune calibrate`` takes (and the library call)."""
 
-    profile: str
+    prior: SimProfile  # the profile the fit starts from
     out: Path
     json_path: Path | None = None
-    gpus: int | None = None
-    url: str | None = None
-    model: str | None = None
-    vllm_cmd: str = "vllm serve"
-    vllm_env: tuple[str, ...] = ()
+    server: ServerOptions  # --url of a running server, or --model to start
     flags: Mapping[str, Any] = field(default_factory=dict)  # the server config
-    num_prompts: int = 1000  # as vLLM's `vllm bench serve` and every autotune command
-    warmup: int = 100
+    workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     loads: tuple[float, ...] = DEFAULT_LOADS
-    seed: int = 0
     dataset: str = "sharegpt"
     input_len: int = 256
     output_len: int = 128
-    max_model_len: int | None = None
-    tokenizer: str | None = None
     studies_dir: Path = Path("studies")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", dict(self.flags))
         object.__setattr__(self, "loads", tuple(self.loads))
-        object.__setattr__(self, "vllm_env", tuple(self.vllm_env or ()))
+        at_least("--input-len", self.input_len, 1)
+        at_least("--output-len", self.output_len, 1)
+        if not self.server.url and not self.server.model:
+            raise CalibrationError("no server: pass --url of a running server, or --model "
+                                   "(and --vllm-cmd) for autotune to start one")
+        if self.dataset not in ("sharegpt", "synthetic"):
+            raise CalibrationError(f"unknown --dataset {self.dataset!r}; use sharegpt or "
+                                   "synthetic")
 
 
 def parse_loads(text: str) -> tuple[float, ...]:
@@ -74,30 +82,12 @@ def parse_loads(text: str) -> tuple[float, ...]:
     return loads
 
 
-def _check(o: CalibrateOptions) -> None:
-    for name, value, low in (("--num-prompts", o.num_prompts, 1), ("--warmup", o.warmup, 0),
-                             ("--input-len", o.input_len, 1),
-                             ("--output-len", o.output_len, 1)):
-        if value < low:
-            raise CalibrationError(f"{name} must be at least {low}, got {value}")
-    if o.gpus is not None and o.gpus < 1:
-        raise CalibrationError(f"--gpus must be at least 1, got {o.gpus}")
-    if not o.url and not o.model:
-        raise CalibrationError("no server: pass --url of a running server, or --model (and "
-                               "--vllm-cmd) for autotune to start one")
-    if o.dataset not in ("sharegpt", "synthetic"):
-        raise CalibrationError(f"unknown --dataset {o.dataset!r}; use sharegpt or synthetic")
-
-
 def _prior(o: CalibrateOptions) -> tuple[Any, Any]:
-    from autotune.sim.profiles import ProfileError, load_hardware, load_model
-    from autotune.tuning.options import parse_profile
-
-    hw, mdl, count = parse_profile(o.profile, {}, o.gpus)
     try:
-        return load_hardware(f"{count}x{hw}"), load_model(mdl)
+        return load_hardware(o.prior.node), load_model(o.prior.model)
     except (ProfileError, OSError, ValueError) as exc:
-        raise CalibrationError(f"--profile {o.profile}: {exc}") from None
+        raise CalibrationError(f"--profile {o.prior.hardware}:{o.prior.model}: "
+                               f"{exc}") from None
 
 
 def run_calibration(o: CalibrateOptions) -> int:
@@ -107,35 +97,33 @@ def run_calibration(o: CalibrateOptions) -> int:
     from autotune.core.slo import combine
     from autotune.core.terminal import console
     from autotune.tuning.ceiling import BackendProbe
-    from autotune.tuning.options import parse_env
     from autotune.tuning.twin import TwinError, fit_twin, observation_of, write_twin
 
-    _check(o)
     check_writable(o.out, "--out")
     check_writable(o.json_path, "--json")
     prior, model = _prior(o)
-    env = parse_env(list(o.vllm_env))
-    kind = "attach" if o.url else "vllm"
+    server, w = o.server, o.workload
+    kind = "attach" if server.url else "vllm"
     # An attached server runs the config it was started with: --param describes it to
     # the twin and is not sent anywhere.
     launch = {} if kind == "attach" else dict(o.flags)
-    backend, where = server_backend(kind, url=o.url, model=o.model,
-                                    vllm_cmd=o.vllm_cmd, env=env,
+    backend, where = server_backend(kind, url=server.url, model=server.model,
+                                    vllm_cmd=server.vllm_cmd, env=dict(server.env),
                                     log_dir=o.studies_dir / "calibrate" / "logs")
     out = console
     try:
         wl = _workload(o)
         # Fixed-count tests, never pruned: the limit only labels a verdict nobody reads.
         probe = BackendProbe(backend, launch, combine("3600s", None), list(wl.requests),
-                             warmup=o.warmup, seed=o.seed, prune=False, steady=None)
+                             warmup=w.warmup, seed=w.seed, prune=False, steady=None)
         out.print(f"calibrating {prior.name} ({model.name}) against {where}, config "
                   f"{dict(o.flags) or 'the defaults'}; workload {wl.source} "
-                  f"({o.num_prompts} measured requests per test after {o.warmup} warm-up, "
+                  f"({w.num_prompts} measured requests per test after {w.warmup} warm-up, "
                   f"tokens counted with {wl.tokenizer}); shapes: all at once, then "
                   f"{', '.join(f'{x:g}' for x in o.loads)} x the service rate",
                   soft_wrap=True)
         shapes: list[float] = [math.inf]
-        sat = probe(math.inf, o.num_prompts)
+        sat = probe(math.inf, w.num_prompts)
         service = sat.summary.request_throughput
         if not service > 0:
             raise CalibrationError(f"the saturation test on {where} completed no request: "
@@ -146,7 +134,7 @@ def run_calibration(o: CalibrateOptions) -> int:
         for load in o.loads:
             rate = load * service
             shapes.append(rate)
-            r = probe(rate, o.num_prompts)
+            r = probe(rate, w.num_prompts)
             out.print(f"  {load:g} x = {rate:.3g} req/s: P50 e2e {r.summary.e2e.p50:.3g} s, "
                       f"mean TTFT {r.summary.ttft.mean * 1000:.0f} ms, "
                       f"{r.summary.output_throughput:,.0f} output tok/s "
@@ -158,7 +146,7 @@ def run_calibration(o: CalibrateOptions) -> int:
     for i, rate in enumerate(shapes):
         try:
             obs = observation_of(probe, probe.results[i], rate=rate,
-                                 num_prompts=o.num_prompts,
+                                 num_prompts=w.num_prompts,
                                  label="saturation" if math.isinf(rate) else "poisson")
         except TwinError as exc:  # said, never silently dropped
             out.print(f"  not fitted: {exc}", soft_wrap=True, highlight=False)
@@ -170,7 +158,7 @@ def run_calibration(o: CalibrateOptions) -> int:
         raise CalibrationError(f"cannot fit {prior.name} to these tests: {exc}") from None
     header = [f"Written by autotune calibrate against {where}, config "
               f"{dict(o.flags) or 'the defaults'}; workload {wl.source}, "
-              f"{o.num_prompts} requests per test after {o.warmup} warm-up."]
+              f"{w.num_prompts} requests per test after {w.warmup} warm-up."]
     write_twin(fit, o.out, header=header)
     for t in fit.tests:
         errs = ", ".join(f"{n} {e:+.1%}" for n, e in t.errors().items())
@@ -192,11 +180,9 @@ def run_calibration(o: CalibrateOptions) -> int:
 
 
 def _workload(o: CalibrateOptions) -> Any:
-    from autotune.tuning.options import DEFAULT_CONTEXT
-    from autotune.workload.sources import pool_workload
-
+    w = o.workload
     return pool_workload(
-        dataset=o.dataset, tokenizer_path=o.tokenizer, url=o.url, model=o.model,
-        total=o.num_prompts + o.warmup, seed=o.seed, input_len=o.input_len,
-        output_len=o.output_len,
-        context=o.max_model_len or int(o.flags.get("max_model_len") or DEFAULT_CONTEXT))
+        dataset=o.dataset, tokenizer_path=w.tokenizer, url=o.server.url,
+        model=o.server.model, total=w.num_prompts + w.warmup, seed=w.seed,
+        input_len=o.input_len, output_len=o.output_len,
+        context=w.max_model_len or int(o.flags.get("max_model_len") or DEFAULT_CONTEXT))

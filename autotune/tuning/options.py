@@ -1,16 +1,21 @@
-"""Options shared by the commands: how each is read, in one place, with one meaning.
+"""The option groups several commands share, typed and checked once.
 
-Each helper turns what a user typed into a typed value or raises :class:`OptionsError`
-with one line that names the option and says how to fix it.
+A command's options object is built from these by the CLI, which has already parsed
+every string (durations to seconds, the SLO, the space, the profile): the library only
+ever sees typed values.  Each group checks its own ranges when it is made, with one
+line that names the flag and how to fix it (:class:`OptionsError`).
 """
 
 from __future__ import annotations
 
-import re
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.errors import AutotuneError
 
+# The simulator's profile when neither the space nor --profile names one.
 DEFAULT_PROFILE = ("a100-80gb", "llama-3-8b", 4)
 # The context length (longest prompt + output kept from ShareGPT) when neither the config
 # nor the server says one.
@@ -21,86 +26,82 @@ class OptionsError(AutotuneError, ValueError):
     """An option the user can fix; the message names it and says how."""
 
 
-def duration(name: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    from autotune.core.slo import SLOError, parse_duration
-
-    try:
-        return parse_duration(text)
-    except SLOError as exc:
-        raise OptionsError(f"{name}: {exc}") from None
+def at_least(flag: str, value: int | None, low: int) -> None:
+    """Refuse a count under ``low``, naming the flag (None: not given)."""
+    if value is not None and value < low:
+        raise OptionsError(f"{flag} must be at least {low}, got {value}")
 
 
-def parse_profile(text: str | None, space_profile: dict[str, Any], gpus: int | None
-                  ) -> tuple[str, str, int]:
-    hw, mdl, count = (space_profile.get("hardware", DEFAULT_PROFILE[0]),
-                      space_profile.get("model", DEFAULT_PROFILE[1]),
-                      int(space_profile.get("gpus", DEFAULT_PROFILE[2])))
-    if text:
-        head, _, tail = text.partition(":")
-        m = re.match(r"^(\d+)\s*[x×]\s*(.+)$", head.strip())
-        if m:
-            count, head = int(m.group(1)), m.group(2)
-        elif head.strip() and "gpus" not in space_profile:
-            # A hardware named without a count is its own default node ("cpu-tiny" is
-            # one CPU), not the default profile's four GPUs.
-            count = _default_node(head.strip(), count)
-        hw = head.strip() or hw
-        mdl = tail.strip() or mdl
-    if gpus is not None:
-        count = gpus
-    return hw, mdl, count
+@dataclass(frozen=True, kw_only=True)
+class WorkloadOptions:
+    """The ShareGPT sample every load test draws from, as ``vllm bench serve`` takes it."""
+
+    num_prompts: int = 1000  # as vLLM's `vllm bench serve --num-prompts`
+    warmup: int = 100
+    seed: int = 0
+    tokenizer: str | None = None  # a tokenizer.json; None: mistral-common's tekken
+    max_model_len: int | None = None  # None: the config's, else the server's, else 8192
+
+    def __post_init__(self) -> None:
+        at_least("--num-prompts", self.num_prompts, 1)
+        at_least("--warmup", self.warmup, 0)
+        at_least("--max-model-len", self.max_model_len, 1)
 
 
-def _default_node(hardware: str, fallback: int) -> int:
-    from autotune.sim.profiles import load_hardware
+@dataclass(frozen=True, kw_only=True)
+class ServerOptions:
+    """How a vLLM server is started (``model``, ``vllm_cmd``) or found (``url``)."""
 
-    try:
-        return load_hardware(hardware).gpus
-    except (AutotuneError, OSError, ValueError):  # said where the profile is loaded
-        return fallback
+    model: str | None = None
+    url: str | None = None
+    vllm_cmd: str = "vllm serve"
+    startup_timeout_s: float = 900.0
+    gpu_ids: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES of a launched server
+    env: dict[str, str] = field(default_factory=dict)  # more environment of the server
 
-
-def parse_gpu_ids(text: str | None) -> list[int] | None:
-    """'0,1' -> [0, 1] (CUDA_VISIBLE_DEVICES of the server)."""
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise OptionsError(f"--gpu-ids {text!r}: give GPU numbers separated by commas, e.g. 0,1")
-    if len(set(parts)) != len(parts):
-        raise OptionsError(f"--gpu-ids {text!r}: a GPU is listed twice")
-    return [int(p) for p in parts]
+    def __post_init__(self) -> None:
+        if not self.startup_timeout_s > 0:
+            raise OptionsError(f"--startup-timeout must be more than 0 seconds, got "
+                               f"{self.startup_timeout_s:g}")
 
 
-def parse_env(items: list[str]) -> dict[str, str]:
-    """['KEY=VAL', ...] -> {KEY: VAL}."""
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
-            raise OptionsError(f"--vllm-env {item!r}: give KEY=VALUE, e.g. "
-                             "VLLM_CPU_KVCACHE_SPACE=1")
-        env[key] = value
-    return env
+@dataclass(frozen=True, kw_only=True)
+class SimProfile:
+    """The simulator's node: ``gpus`` of ``hardware`` serving ``model``."""
+
+    hardware: str = DEFAULT_PROFILE[0]
+    model: str = DEFAULT_PROFILE[1]
+    gpus: int = DEFAULT_PROFILE[2]
+
+    def __post_init__(self) -> None:
+        at_least("--gpus", self.gpus, 1)
+
+    @classmethod
+    def of_space(cls, profile: Mapping[str, Any]) -> SimProfile:
+        """A search space's own profile (its ``profile:`` section), defaults filled."""
+        return cls(hardware=str(profile.get("hardware", DEFAULT_PROFILE[0])),
+                   model=str(profile.get("model", DEFAULT_PROFILE[1])),
+                   gpus=int(profile.get("gpus", DEFAULT_PROFILE[2])))
+
+    @property
+    def node(self) -> str:
+        """The hardware profile's name with its GPU count, as ``load_hardware`` reads it."""
+        return f"{self.gpus}x{self.hardware}"
 
 
-def parse_steady(min_duration: str | None, max_duration: str | None, num_prompts: int,
-                 backlog_share: float = 0.02) -> Any:
-    """The steady-state rule of every load test from the CLI's duration options."""
-    from autotune.tuning.verdict import SteadyState, VerdictError
+@dataclass(frozen=True, kw_only=True)
+class RateSearch:
+    """One config's ceiling search: bisect to ``tol`` in at most ``max_probes`` load
+    tests, and cap the rate ``headroom`` under the highest rate that passed."""
 
-    try:
-        return SteadyState(min_duration_s=duration("--min-duration", min_duration),
-                           max_duration_s=duration("--max-duration", max_duration),
-                           min_requests=num_prompts, backlog_share=backlog_share)
-    except VerdictError as exc:
-        raise OptionsError(f"--min-duration/--max-duration/--backlog-share: {exc}") from None
+    tol: float = 0.03
+    max_probes: int = 8
+    headroom: float = 0.10
 
-
-def parse_validate(text: str) -> float | None:
-    """'5m' -> 300.0; 'off' or '0' -> None."""
-    if text.strip().lower() in ("off", "0", "no", "none"):
-        return None
-    return duration("--validate", text)
+    def __post_init__(self) -> None:
+        if not (0 < self.tol < 1 and math.isfinite(self.tol)):
+            raise OptionsError(f"--tol must be between 0 and 1 (e.g. 0.03 for 3%), got "
+                               f"{self.tol}")
+        at_least("--max-probes", self.max_probes, 1)
+        if not 0 <= self.headroom < 1:
+            raise OptionsError(f"--headroom must be in [0, 1), got {self.headroom}")

@@ -143,8 +143,8 @@ def test_the_readme_tour_ceiling_prints_what_the_readme_quotes() -> None:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--tol", "0"], "--tol must be greater than 0"),
-    (["--tol", "-0.1"], "--tol must be greater than 0"),
+    (["--tol", "0"], "--tol must be between 0 and 1"),
+    (["--tol", "-0.1"], "--tol must be between 0 and 1"),
     (["--start-rate", "0"], "--start-rate must be a finite rate above 0"),
     (["--start-rate", "-3"], "--start-rate must be a finite rate above 0"),
     (["--num-prompts", "50", "--max-num-prompts", "100"], "needs at least 299 measured"),

@@ -12,14 +12,13 @@ from autotune.core.slo import parse_slo, quantile
 from autotune.tuning.ceiling import (
     CeilingError,
     ProbeResult,
-    check_limits,
     completion_rate,
     find_ceiling,
     min_samples_for_bound,
     stepdown_probe_count,
     stepdown_rate,
-    verdict_of,
 )
+from autotune.tuning.verdict import check_limits, verdict_of
 
 SLO10 = parse_slo("10s")
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
+from autotune.core.flags import config_key
 from autotune.study.space import CLIENT_PARAMS, serve_command
 from autotune.tuning.record import StoredTrial
 
@@ -62,8 +63,7 @@ class TrialView:
 
     @property
     def config_key(self) -> str:
-        return json.dumps({k: v for k, v in sorted(self.flags.items())
-                           if k not in CLIENT_PARAMS}, sort_keys=True, default=str)
+        return config_key(self.flags)
 
 
 def view_of(t: StoredTrial) -> TrialView:
@@ -258,8 +258,7 @@ def _versus(best: Pick, baseline: TrialView | None) -> dict[str, Any]:
         "baseline_attainment": baseline.attainment, "baseline_status": baseline.status,
         "baseline_reason": baseline.reason,
     }
-    same = json.dumps({k: v for k, v in sorted(best.flags.items()) if k not in CLIENT_PARAMS},
-                      sort_keys=True, default=str) == baseline.config_key
+    same = config_key(best.flags) == baseline.config_key
     if same:
         out["same_config"] = True
         out["objective_ratio"] = 1.0
@@ -363,11 +362,8 @@ def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
     if not picks:
         return rec
     picks.sort(key=lambda p: (-p.value, p.trial))
-    refined = {json.dumps({k: v for k, v in sorted(p.flags.items()) if k not in CLIENT_PARAMS},
-                          sort_keys=True, default=str) for p in picks}
-    rest = [p for p in [rec.best, *rec.next_best]
-            if json.dumps({k: v for k, v in sorted(p.flags.items()) if k not in CLIENT_PARAMS},
-                          sort_keys=True, default=str) not in refined]
+    refined = {config_key(p.flags) for p in picks}
+    rest = [p for p in [rec.best, *rec.next_best] if config_key(p.flags) not in refined]
     keep = max(len(rec.next_best), len(picks) - 1)
     rec.best, rec.next_best = picks[0], [*picks[1:], *rest][:keep]
     rec.rate_cap = cap_with_headroom(rec.best.max_feasible_rate, rec.headroom)

@@ -18,6 +18,14 @@ from typing import Any
 CLIENT_PARAMS = ("request_rate", "max_concurrency")
 
 
+def config_key(config: Mapping[str, Any]) -> str:
+    """One server config as a string, the same for the same server flags whatever their
+    order or the client parameters (rate cap, concurrency) beside them: the one key by
+    which the report, the recommendation and the twin tell configs apart."""
+    return json.dumps({k: v for k, v in config.items() if k not in CLIENT_PARAMS},
+                      sort_keys=True, default=str)
+
+
 def flag_value(value: Any) -> str:
     """How a value is written on vLLM's command line: whole floats as integers (vLLM
     parses ``--max-num-batched-tokens 16384.0`` as an error), other floats in the

@@ -14,12 +14,12 @@ from typing import Any
 
 from autotune.analysis.recommend import equal_gpus
 from autotune.core.files import atomic_write
+from autotune.core.flags import config_key
 from autotune.report import plots
 from autotune.report.data import (
     ReportError,
     StudyData,
     ceiling_probe_rows,
-    config_key,
     config_label,
     default_storage,
     load_study,

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.errors import AutotuneError
-from autotune.core.flags import CLIENT_PARAMS
+from autotune.core.flags import CLIENT_PARAMS, config_key
 from autotune.study.experiments import CONFIG_COLUMNS
 from autotune.tuning.record import StoredTrial, as_mapping, as_number, goodput_of
 
@@ -124,11 +124,6 @@ def config_label(config: Mapping[str, Any], keys: Sequence[str] | None = None) -
         else:
             parts.append(f"{name}={v:g}" if isinstance(v, float) else f"{name}={v}")
     return " ".join(parts) or "defaults"
-
-
-def config_key(config: Mapping[str, Any]) -> str:
-    return json.dumps({k: v for k, v in config.items() if k not in CLIENT_PARAMS},
-                      sort_keys=True, default=str)
 
 
 def trial_row(trial: Any, study_name: str) -> dict[str, Any]:

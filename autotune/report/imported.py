@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from autotune.core.files import atomic_write
+from autotune.core.flags import config_key
 from autotune.report import plots
 from autotune.report.build import ReportPaths, imported_table, trials_csv
-from autotune.report.data import ReportError, config_key
+from autotune.report.data import ReportError
 from autotune.report.render import Figure, Page, Text, html_page, markdown
 
 

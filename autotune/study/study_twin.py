@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
+from autotune.core.flags import config_key
 from autotune.core.metrics import SIMULATED
 from autotune.sim.profiles import HardwareProfile, ModelProfile
 from autotune.tuning.twin import (
@@ -189,7 +190,7 @@ class StudyTwin:
         from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
 
         # Enqueued trials hold no params until they run: what the twin queued itself.
-        seen = {_key(m) for m in measured} | self.queued
+        seen = {config_key(m) for m in measured} | self.queued
         with tempfile.TemporaryDirectory(prefix="autotune-twin-") as tmp:
             pre = replace(self.settings, name=f"{self.settings.name}-twin",
                           n_trials=self.candidates, timeout_s=None, budget_s=None,
@@ -201,10 +202,10 @@ class StudyTwin:
             ranked = prescreen_enqueue(rows_from_study(run.study), self.settings.space,
                                        top_k=self.candidates)
         for params, attrs in ranked:
-            if _key(params) not in seen:
+            if config_key(params) not in seen:
                 attrs["predicted"]["by"] = (f"{self.source}, best of {self.candidates} "
                                             "simulated trials")
-                self.queued.add(_key(params))
+                self.queued.add(config_key(params))
                 return [(params, attrs)]
         return []
 
@@ -322,9 +323,3 @@ def _rate_bounds(settings: Any) -> tuple[float | None, float | None]:
 
     found = rate_bounds(settings.space)
     return found if found is not None else (None, None)
-
-
-def _key(params: Mapping[str, Any]) -> str:
-    from autotune.core.flags import CLIENT_PARAMS
-
-    return repr(sorted((k, v) for k, v in params.items() if k not in CLIENT_PARAMS))

@@ -22,14 +22,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from autotune.backends.factory import server_backend
 from autotune.core.errors import AutotuneError
-from autotune.sim.profiles import ProfileError, load_hardware, load_model
+from autotune.core.files import check_writable, write_json
+from autotune.core.slo import combine
+from autotune.core.terminal import console
+from autotune.sim.profiles import ModelProfile, ProfileError, load_hardware, load_model
+from autotune.tuning.ceiling import BackendProbe
 from autotune.tuning.options import (
     DEFAULT_CONTEXT,
     ServerOptions,
     SimProfile,
     WorkloadOptions,
     at_least,
+)
+from autotune.tuning.twin import (
+    ObservedTest,
+    TwinError,
+    TwinFit,
+    fit_twin,
+    observation_of,
+    write_twin,
 )
 from autotune.workload.sources import pool_workload
 
@@ -92,13 +105,6 @@ def _prior(o: CalibrateOptions) -> tuple[Any, Any]:
 
 def run_calibration(o: CalibrateOptions) -> int:
     """Run the load shapes, fit, write the profile; the exit code (0)."""
-    from autotune.backends.factory import server_backend
-    from autotune.core.files import check_writable, write_json
-    from autotune.core.slo import combine
-    from autotune.core.terminal import console
-    from autotune.tuning.ceiling import BackendProbe
-    from autotune.tuning.twin import TwinError, fit_twin, observation_of, write_twin
-
     check_writable(o.out, "--out")
     check_writable(o.json_path, "--json")
     prior, model = _prior(o)
@@ -110,48 +116,21 @@ def run_calibration(o: CalibrateOptions) -> int:
     backend, where = server_backend(kind, url=server.url, model=server.model,
                                     vllm_cmd=server.vllm_cmd, env=dict(server.env),
                                     log_dir=o.studies_dir / "calibrate" / "logs")
-    out = console
     try:
         wl = _workload(o)
         # Fixed-count tests, never pruned: the limit only labels a verdict nobody reads.
         probe = BackendProbe(backend, launch, combine("3600s", None), list(wl.requests),
                              warmup=w.warmup, seed=w.seed, prune=False, steady=None)
-        out.print(f"calibrating {prior.name} ({model.name}) against {where}, config "
-                  f"{dict(o.flags) or 'the defaults'}; workload {wl.source} "
-                  f"({w.num_prompts} measured requests per test after {w.warmup} warm-up, "
-                  f"tokens counted with {wl.tokenizer}); shapes: all at once, then "
-                  f"{', '.join(f'{x:g}' for x in o.loads)} x the service rate",
-                  soft_wrap=True)
-        shapes: list[float] = [math.inf]
-        sat = probe(math.inf, w.num_prompts)
-        service = sat.summary.request_throughput
-        if not service > 0:
-            raise CalibrationError(f"the saturation test on {where} completed no request: "
-                                   "is the server healthy?")
-        out.print(f"  all at once: {service:.3g} req/s, {sat.summary.output_throughput:,.0f} "
-                  f"output tok/s ({sat.summary.num_completed} completed; measured)",
-                  soft_wrap=True, highlight=False)
-        for load in o.loads:
-            rate = load * service
-            shapes.append(rate)
-            r = probe(rate, w.num_prompts)
-            out.print(f"  {load:g} x = {rate:.3g} req/s: P50 e2e {r.summary.e2e.p50:.3g} s, "
-                      f"mean TTFT {r.summary.ttft.mean * 1000:.0f} ms, "
-                      f"{r.summary.output_throughput:,.0f} output tok/s "
-                      f"({r.summary.num_completed} completed; measured)",
-                      soft_wrap=True, highlight=False)
+        console.print(f"calibrating {prior.name} ({model.name}) against {where}, config "
+                      f"{dict(o.flags) or 'the defaults'}; workload {wl.source} "
+                      f"({w.num_prompts} measured requests per test after {w.warmup} "
+                      f"warm-up, tokens counted with {wl.tokenizer}); shapes: all at once, "
+                      f"then {', '.join(f'{x:g}' for x in o.loads)} x the service rate",
+                      soft_wrap=True)
+        shapes = _run_shapes(o, probe, where)
     finally:
         backend.close()
-    tests = []
-    for i, rate in enumerate(shapes):
-        try:
-            obs = observation_of(probe, probe.results[i], rate=rate,
-                                 num_prompts=w.num_prompts,
-                                 label="saturation" if math.isinf(rate) else "poisson")
-        except TwinError as exc:  # said, never silently dropped
-            out.print(f"  not fitted: {exc}", soft_wrap=True, highlight=False)
-            continue
-        tests.append(replace(obs, flags=dict(o.flags)))
+    tests = _observations(o, probe, shapes)
     try:
         fit = fit_twin(tests, prior, model, name=f"{prior.name}-calibrated")
     except TwinError as exc:
@@ -160,23 +139,73 @@ def run_calibration(o: CalibrateOptions) -> int:
               f"{dict(o.flags) or 'the defaults'}; workload {wl.source}, "
               f"{w.num_prompts} requests per test after {w.warmup} warm-up."]
     write_twin(fit, o.out, header=header)
+    _print_fit(fit, o, model)
+    if o.json_path is not None:
+        write_json(o.json_path, {"where": where, "config": dict(o.flags),
+                                 "workload": wl.source, "fit": fit.to_dict()})
+        console.print(f"wrote {o.json_path}")
+    return 0
+
+
+def _run_shapes(o: CalibrateOptions, probe: BackendProbe, where: str) -> list[float]:
+    """Run the saturation test, then the Poisson tests at ``o.loads`` times the service
+    rate it showed; the rates run, in ``probe.results`` order (inf: all at once)."""
+    w = o.workload
+    shapes: list[float] = [math.inf]
+    sat = probe(math.inf, w.num_prompts)
+    service = sat.summary.request_throughput
+    if not service > 0:
+        raise CalibrationError(f"the saturation test on {where} completed no request: "
+                               "is the server healthy?")
+    console.print(f"  all at once: {service:.3g} req/s, "
+                  f"{sat.summary.output_throughput:,.0f} output tok/s "
+                  f"({sat.summary.num_completed} completed; measured)",
+                  soft_wrap=True, highlight=False)
+    for load in o.loads:
+        rate = load * service
+        shapes.append(rate)
+        r = probe(rate, w.num_prompts)
+        console.print(f"  {load:g} x = {rate:.3g} req/s: P50 e2e {r.summary.e2e.p50:.3g} s, "
+                      f"mean TTFT {r.summary.ttft.mean * 1000:.0f} ms, "
+                      f"{r.summary.output_throughput:,.0f} output tok/s "
+                      f"({r.summary.num_completed} completed; measured)",
+                      soft_wrap=True, highlight=False)
+    return shapes
+
+
+def _observations(o: CalibrateOptions, probe: BackendProbe, shapes: list[float]
+                  ) -> list[ObservedTest]:
+    """The tests the fit may use, labelled with the config; one the twin cannot use is
+    said, never silently dropped."""
+    tests = []
+    for i, rate in enumerate(shapes):
+        try:
+            obs = observation_of(probe, probe.results[i], rate=rate,
+                                 num_prompts=o.workload.num_prompts,
+                                 label="saturation" if math.isinf(rate) else "poisson")
+        except TwinError as exc:
+            console.print(f"  not fitted: {exc}", soft_wrap=True, highlight=False)
+            continue
+        tests.append(replace(obs, flags=dict(o.flags)))
+    return tests
+
+
+def _print_fit(fit: TwinFit, o: CalibrateOptions, model: ModelProfile) -> None:
+    """Say how well the fit matches each test (against the prior), what each factor
+    came to, and where the profile was written."""
     for t in fit.tests:
         errs = ", ".join(f"{n} {e:+.1%}" for n, e in t.errors().items())
         prior_errs = ", ".join(f"{e:+.0%}" for e in t.errors("prior").values())
-        out.print(f"  fit, {t.label}: {errs} (prior: {prior_errs}); simulated vs measured",
-                  soft_wrap=True, highlight=False)
+        console.print(f"  fit, {t.label}: {errs} (prior: {prior_errs}); simulated vs "
+                      "measured", soft_wrap=True, highlight=False)
     for f in fit.factors:
         state = ("held at 1: " + f.note) if not f.fitted else (
             f"x{f.value:.3g} (95% {f.low:.3g}..{f.high:.3g})"
             + ("" if f.identified else "; not identified: " + f.note))
-        out.print(f"  {f.name}: {state}", soft_wrap=True, highlight=False)
-    out.print(f"wrote {o.out} (RMS log error {fit.rms_log_error:.3f} over {len(fit.tests)} "
-              f"tests, in-sample; use it as --profile {o.out}:{model.name})", soft_wrap=True)
-    if o.json_path is not None:
-        write_json(o.json_path, {"where": where, "config": dict(o.flags),
-                                 "workload": wl.source, "fit": fit.to_dict()})
-        out.print(f"wrote {o.json_path}")
-    return 0
+        console.print(f"  {f.name}: {state}", soft_wrap=True, highlight=False)
+    console.print(f"wrote {o.out} (RMS log error {fit.rms_log_error:.3f} over "
+                  f"{len(fit.tests)} tests, in-sample; use it as --profile "
+                  f"{o.out}:{model.name})", soft_wrap=True)
 
 
 def _workload(o: CalibrateOptions) -> Any:

@@ -32,11 +32,19 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
-from autotune.core.metrics import Summary, quantile_upper_bound
+from autotune.core.metrics import Summary
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, quantile
 from autotune.tuning.sequential import ExceedanceTest
-from autotune.tuning.verdict import Prior, horizon, merge_prior
+from autotune.tuning.verdict import (
+    LimitCheck,
+    Prior,
+    binding_of,
+    check_limits,
+    horizon,
+    merge_prior,
+    verdict_of,
+)
 from autotune.workload.sources import Request
 
 # A probe that completes fewer requests per second than this share of its offered
@@ -179,52 +187,6 @@ ProbeFn = Callable[..., ProbeResult]
 # ----------------------------------------------------------------------------- checks
 
 
-@dataclass(frozen=True)
-class LimitCheck:
-    """One SLO limit at one probe: the percentile and its one-sided upper bound."""
-
-    label: str
-    threshold_s: float
-    observed_s: float
-    bound_s: float
-    n: int  # samples the percentile was taken over
-
-    @property
-    def point_ok(self) -> bool:
-        return self.observed_s <= self.threshold_s
-
-    @property
-    def bound_ok(self) -> bool:
-        return self.bound_s <= self.threshold_s
-
-    @property
-    def margin(self) -> float:
-        """observed / threshold - 1 (inf/nan count as a huge margin)."""
-        if math.isnan(self.observed_s):
-            return math.inf
-        return self.observed_s / self.threshold_s - 1.0
-
-    @property
-    def slack(self) -> float:
-        """threshold / max(observed, bound): >= 1 when the limit holds with confidence;
-        0 when either is infinite.  Roughly linear in rate for a queue (1/latency)."""
-        worst = max(self.observed_s, self.bound_s)
-        if math.isnan(worst) or math.isinf(worst) or worst <= 0:
-            return 0.0 if not worst <= 0 else math.inf
-        return self.threshold_s / worst
-
-    @property
-    def bound_margin(self) -> float:
-        if math.isnan(self.bound_s):
-            return math.inf
-        return self.bound_s / self.threshold_s - 1.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "threshold_s": self.threshold_s,
-                "observed_s": _num(self.observed_s), "bound_s": _num(self.bound_s),
-                "n": self.n, "point_ok": self.point_ok, "bound_ok": self.bound_ok}
-
-
 def min_samples_for_bound(percentile: float, confidence: float) -> int:
     """Fewest samples for which the upper bound of a percentile is finite.
 
@@ -233,18 +195,6 @@ def min_samples_for_bound(percentile: float, confidence: float) -> int:
     """
     p = percentile / 100.0
     return int(math.floor(math.log(1.0 - confidence) / math.log(p) + 1e-9)) + 1
-
-
-def check_limits(summary: Summary, slo: SLO, confidence: float) -> list[LimitCheck]:
-    """Each limit's percentile and upper confidence bound over the probe's samples."""
-    out = []
-    for limit in slo.limits:
-        values = summary.samples.get(limit.metric, ())
-        n = len(values)
-        observed = quantile(values, limit.percentile) if n else math.inf
-        bound = quantile_upper_bound(values, limit.percentile, confidence) if n else math.inf
-        out.append(LimitCheck(limit.label, limit.threshold_s, observed, bound, n))
-    return out
 
 
 def floor_verdict(summary: Summary, slo: SLO) -> str | None:
@@ -265,24 +215,6 @@ def floor_verdict(summary: Summary, slo: SLO) -> str | None:
                     "latency floor of this config and workload is above the SLO, so no "
                     "request rate can meet it")
     return None
-
-
-def verdict_of(checks: Sequence[LimitCheck], pruned: bool) -> str:
-    """``pass`` only if every point estimate and every bound holds."""
-    if pruned or not all(c.point_ok for c in checks):
-        return "fail"
-    if not all(c.bound_ok for c in checks):
-        return "uncertain"
-    return "pass"
-
-
-def binding_of(checks: Sequence[LimitCheck], verdict: str) -> str | None:
-    """The limit that fails first: the largest point margin, or for an uncertain
-    probe the largest bound margin."""
-    if not checks:
-        return None
-    key = (lambda c: c.bound_margin) if verdict == "uncertain" else (lambda c: c.margin)
-    return max(checks, key=key).label
 
 
 # ----------------------------------------------------------------------------- results

@@ -300,20 +300,9 @@ def evaluate(
         result.reason, result.detail, result.log_path = exc.reason, exc.detail, exc.log_path
         return result
     result.log_path = (result.startup or {}).get("log_path")
-    steady: _SteadyFeed | None = None
-    feed: _Feed | _SteadyFeed
-    if plan.steady is not None:
-        cut_s = None
-        if plan.deadline_s is not None:
-            # After the server start: what is left of the budget for this test, less
-            # its warm-up (the stop rule's clock starts at the first measured arrival)
-            # and one window (the rule looks once a window): it stops inside the budget.
-            cut_s = max(plan.deadline_s - backend.server_s - plan.warmup_span_s(rate)
-                        - plan.window_s, 0.0)
-        steady = feed = _SteadyFeed(plan, rate, len(plan.measured_for(rate)), cut_s)
-        steady.on_evidence = on_evidence
-    else:
-        feed = _Feed(plan, pruner, trial, report_every=10 if backend.mode == "virtual" else 1)
+    steady = None if plan.steady is None else _steady_feed(backend, plan, rate, on_evidence)
+    feed: _Feed | _SteadyFeed = steady if steady is not None else _Feed(
+        plan, pruner, trial, report_every=10 if backend.mode == "virtual" else 1)
     try:
         run = backend.load_test(rate, plan, feed)
     except TrialFailed as exc:
@@ -321,11 +310,48 @@ def evaluate(
         result.log_path = exc.log_path or result.log_path
         return result
     finally:
-        if pruner is not None and number is not None:
-            decision = pruner.decisions.get(number)
-            pruner.end(number)
-        else:
-            decision = None
+        decision = _end_pruning(pruner, number)
+    _take_run(result, run, feed, steady, plan, rate, backend.source)
+    if out_dir is not None and number is not None:
+        result.records_path = str(write_records(out_dir, number, run.records))
+    if run.crashed:
+        result.reason, result.detail = "crashed", run.crashed
+        return result
+    if steady is not None:
+        return _classify_steady(result, steady)
+    return _classify_fixed(result, decision, run.aborted)
+
+
+def _steady_feed(backend: Backend, plan: LoadPlan, rate: float,
+                 on_evidence: Callable[[Evidence], None] | None) -> _SteadyFeed:
+    """The stop rule of a test sized by time, cut where the ``--budget`` would run out."""
+    cut_s = None
+    if plan.deadline_s is not None:
+        # After the server start: what is left of the budget for this test, less
+        # its warm-up (the stop rule's clock starts at the first measured arrival)
+        # and one window (the rule looks once a window): it stops inside the budget.
+        cut_s = max(plan.deadline_s - backend.server_s - plan.warmup_span_s(rate)
+                    - plan.window_s, 0.0)
+    steady = _SteadyFeed(plan, rate, len(plan.measured_for(rate)), cut_s)
+    steady.on_evidence = on_evidence
+    return steady
+
+
+def _end_pruning(pruner: OverloadPruner | None, number: int | None
+                 ) -> PruneDecision | None:
+    """The pruner's decision on this trial, if any, with its state for the trial freed
+    whether or not the load test raised."""
+    if pruner is None or number is None:
+        return None
+    decision = pruner.decisions.get(number)
+    pruner.end(number)
+    return decision
+
+
+def _take_run(result: TrialResult, run: LoadRun, feed: _Feed | _SteadyFeed,
+              steady: _SteadyFeed | None, plan: LoadPlan, rate: float, source: str) -> None:
+    """Copy what the load test measured into ``result``, summarized over the cohort the
+    verdict judges (every record for a fixed-count test)."""
     result.windows = feed.windows
     result.records = run.records
     result.load_test_s = run.load_test_s
@@ -333,25 +359,29 @@ def evaluate(
     judged: Sequence[RequestRecord] = run.records
     if steady is not None:
         judged, result.evidence = _final_evidence(steady, run, plan, rate)
-    result.summary = summarize(judged, slo=plan.slo, offered_rate=rate,
-                               source=backend.source)
-    if out_dir is not None and number is not None:
-        result.records_path = str(write_records(out_dir, number, run.records))
-    if run.crashed:
-        result.reason, result.detail = "crashed", run.crashed
-        return result
-    if steady is not None:
-        result.status = COMPLETE
-        ev = result.evidence
-        result.budget_cut = steady.cut
-        if ev is not None and ev.verdict != PASS:
-            result.reason = "slo_missed" if ev.verdict == FAIL else INCONCLUSIVE
-            result.detail = "; ".join(ev.reasons)
-        if result.budget_cut:
-            result.detail = "; ".join(filter(None, [
-                result.detail, f"cut after {steady.cut_s:.0f} s: the --budget ran out"]))
-        return result
-    if decision is not None and run.aborted:
+    result.summary = summarize(judged, slo=plan.slo, offered_rate=rate, source=source)
+
+
+def _classify_steady(result: TrialResult, steady: _SteadyFeed) -> TrialResult:
+    """A test sized by time is complete; its steady-state verdict, and a budget cut,
+    say why it did not pass."""
+    result.status = COMPLETE
+    ev = result.evidence
+    result.budget_cut = steady.cut
+    if ev is not None and ev.verdict != PASS:
+        result.reason = "slo_missed" if ev.verdict == FAIL else INCONCLUSIVE
+        result.detail = "; ".join(ev.reasons)
+    if result.budget_cut:
+        result.detail = "; ".join(filter(None, [
+            result.detail, f"cut after {steady.cut_s:.0f} s: the --budget ran out"]))
+    return result
+
+
+def _classify_fixed(result: TrialResult, decision: PruneDecision | None, aborted: bool
+                    ) -> TrialResult:
+    """A fixed-count test is pruned when the pruner stopped it, else judged by its SLO
+    check."""
+    if decision is not None and aborted:
         result.status, result.prune = PRUNED, decision
         result.reason, result.detail = decision.rule, decision.detail
         return result

@@ -582,6 +582,31 @@ def fit_twin(tests: Sequence[ObservedTest], prior: HardwareProfile, model: Model
     per factor).  Raises :class:`TwinError` on no tests.
     """
     tests = tuple(tests)
+    _check_fit_args(tests, noise, prior_sd, diff_step, max_iterations)
+    cpu0 = time.process_time()
+    names, notes = _free_factors(prior, free)
+    obj = _Objective(tests, prior, model, names)
+    prior_replays = obj.replays(np.zeros(len(names)))
+    x, jac = _solve(obj, notes, noise, prior_sd, diff_step, max_iterations)
+    scale, cov = _covariance(obj, x, jac, noise, prior_sd)
+    replays = obj.replays(x)
+    busy = max((r.frontend_busy for r in replays), default=0.0)
+    factors = _estimates(names, notes, x, cov, prior_sd, busy)
+    fitted = replace(obj.profile(x), name=name or f"{prior.name}-twin",
+                     description=f"{prior.description}; twin fitted to {len(tests)} load "
+                                 "tests (simulated)")
+    per_test = tuple(
+        TestFit(label=t.name, trial=t.trial, rate=t.rate, measured=t.measured,
+                prior=p.figures, fitted=r.figures)
+        for t, p, r in zip(tests, prior_replays, replays, strict=True))
+    return TwinFit(profile=fitted, prior=prior, factors=tuple(factors), tests=per_test,
+                   noise=scale, evaluations=obj.evaluations,
+                   cpu_s=time.process_time() - cpu0, notes=tuple(notes))
+
+
+def _check_fit_args(tests: Sequence[ObservedTest], noise: float, prior_sd: float,
+                    diff_step: float, max_iterations: int) -> None:
+    """Refuse a fit that has nothing to fit or settings the solver cannot use."""
     if not tests:
         raise TwinError("no observed load tests to fit the twin to: run at least one "
                         "trial first")
@@ -590,33 +615,46 @@ def fit_twin(tests: Sequence[ObservedTest], prior: HardwareProfile, model: Model
             raise TwinError(f"{what} must be a finite number > 0, got {v!r}")
     if max_iterations < 1:
         raise TwinError(f"max_iterations must be >= 1, got {max_iterations}")
-    cpu0 = time.process_time()
-    names, notes = _free_factors(prior, free)
-    obj = _Objective(tests, prior, model, names)
-    x0 = np.zeros(len(names))
-    prior_replays = obj.replays(x0)
-    if names:
-        res = least_squares(lambda x: np.concatenate([obj.log_errors(x) / noise,
-                                                      x / prior_sd]),
-                            x0, jac=lambda x: _jacobian(obj, x, diff_step, noise, prior_sd),
-                            bounds=(-LOG_BOUND, LOG_BOUND), xtol=1e-4, ftol=1e-6,
-                            max_nfev=max_iterations, method="trf")
-        x = res.x
-        jac = np.asarray(res.jac)[: len(obj.target)] * noise  # d log-error / d log-factor
-        if res.status == 0:
-            notes.append(f"the solver stopped after {max_iterations} iterations before "
-                         "its tolerance: the factors may move with more")
-    else:
-        x, jac = x0, np.zeros((len(obj.target), 0))
+
+
+def _solve(obj: _Objective, notes: list[str], noise: float, prior_sd: float,
+           diff_step: float, max_iterations: int) -> tuple[np.ndarray, np.ndarray]:
+    """The log-factors least squares settles on (the prior's with none free), and the
+    Jacobian of the log-errors there; a solver that ran out of iterations is noted."""
+    x0 = np.zeros(len(obj.names))
+    if not obj.names:
+        return x0, np.zeros((len(obj.target), 0))
+    res = least_squares(lambda x: np.concatenate([obj.log_errors(x) / noise,
+                                                  x / prior_sd]),
+                        x0, jac=lambda x: _jacobian(obj, x, diff_step, noise, prior_sd),
+                        bounds=(-LOG_BOUND, LOG_BOUND), xtol=1e-4, ftol=1e-6,
+                        max_nfev=max_iterations, method="trf")
+    jac = np.asarray(res.jac)[: len(obj.target)] * noise  # d log-error / d log-factor
+    if res.status == 0:
+        notes.append(f"the solver stopped after {max_iterations} iterations before "
+                     "its tolerance: the factors may move with more")
+    return res.x, jac
+
+
+def _covariance(obj: _Objective, x: np.ndarray, jac: np.ndarray, noise: float,
+                prior_sd: float) -> tuple[float, np.ndarray]:
+    """The noise scale the standard errors assume (the residuals', floored at
+    ``noise``) and the log-factors' covariance at ``x``."""
+    n = len(obj.names)
     resid = obj.log_errors(x)
-    dof = max(len(resid) - len(names), 1)
+    dof = max(len(resid) - n, 1)
     scale = max(noise, float(np.sqrt(resid @ resid / dof)))
     # Gauss-Newton covariance of the log-factors with the prior's rows: a factor the
     # tests do not move keeps about the prior's standard deviation.
-    info = jac.T @ jac / scale**2 + np.eye(len(names)) / prior_sd**2
-    cov = np.linalg.inv(info) if names else np.zeros((0, 0))
-    replays = obj.replays(x)
-    busy = max((r.frontend_busy for r in replays), default=0.0)
+    info = jac.T @ jac / scale**2 + np.eye(n) / prior_sd**2
+    cov = np.linalg.inv(info) if n else np.zeros((0, 0))
+    return scale, cov
+
+
+def _estimates(names: Sequence[str], notes: list[str], x: np.ndarray, cov: np.ndarray,
+               prior_sd: float, busy: float) -> list[FactorEstimate]:
+    """Every factor's estimate, in ``FACTORS`` order: held at 1 with the note that says
+    why, or fitted, and noted when the tests do not identify it."""
     factors = []
     for n in FACTORS:
         if n not in names:
@@ -638,16 +676,7 @@ def fit_twin(tests: Sequence[ObservedTest], prior: HardwareProfile, model: Model
         factors.append(FactorEstimate(name=n, fields=FACTORS[n], value=math.exp(x[i]),
                                       log_se=se, fitted=True, identified=identified,
                                       note=note))
-    fitted = replace(obj.profile(x), name=name or f"{prior.name}-twin",
-                     description=f"{prior.description}; twin fitted to {len(tests)} load "
-                                 "tests (simulated)")
-    per_test = tuple(
-        TestFit(label=t.name, trial=t.trial, rate=t.rate, measured=t.measured,
-                prior=p.figures, fitted=r.figures)
-        for t, p, r in zip(tests, prior_replays, replays, strict=True))
-    return TwinFit(profile=fitted, prior=prior, factors=tuple(factors), tests=per_test,
-                   noise=scale, evaluations=obj.evaluations,
-                   cpu_s=time.process_time() - cpu0, notes=tuple(notes))
+    return factors
 
 
 # ----------------------------------------------------------------------------- output

@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rich.markup import escape
+
 from autotune.core.records import RequestRecord
 
 COMPUTE_UTIL_PCT = 95.0
@@ -354,8 +356,6 @@ def render(diagnoses: Sequence[Diagnosis], style: str = "rich") -> list[str]:
     """Lines for a console (``rich`` markup), a Markdown report, or ``plain`` text."""
     if not diagnoses:
         return ["No diagnosis fired."] if style != "markdown" else ["- No diagnosis fired."]
-    from rich.markup import escape
-
     lines = []
     for d in diagnoses:
         loud = d.severity == WARNING

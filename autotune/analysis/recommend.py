@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
-from autotune.core.flags import config_key
+from autotune.core.flags import command_line, config_key
 from autotune.study.space import CLIENT_PARAMS, serve_command
 from autotune.tuning.record import StoredTrial
 
@@ -141,8 +141,6 @@ def deploy_command(flags: Mapping[str, Any], launch: Mapping[str, Any] | None) -
     """The command as it was launched and measured (prefix, arguments, environment
     exactly), or, for a simulated config, ``vllm serve`` with its flags."""
     if launch and launch.get("argv"):
-        from autotune.core.flags import command_line
-
         return command_line(list(launch["argv"]), dict(launch.get("env") or {}))
     return serve_command(flags)
 
@@ -326,8 +324,6 @@ def _proven_baseline(base: TrialView, c: Mapping[str, Any], picks: Sequence[Pick
                      ) -> TrialView:
     """vLLM's defaults at the ceiling their own proof found (not the rate their
     screening tried), or, when none passed, why."""
-    from dataclasses import replace
-
     got = next((p for p in picks if p.trial == base.number), None)
     if got is None:
         return replace(base, feasible=False, value=None, status="infeasible",

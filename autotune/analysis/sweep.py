@@ -19,12 +19,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import httpx
+
 from autotune.analysis import diagnose as dg
 from autotune.analysis.knee import DEFAULT_MAX_GAIN, DEFAULT_MIN_RISE, Knee, find_knee
 from autotune.analysis.scaling import ScalePoint, Scaling, analyze_scaling
 from autotune.backends.base import Backend, LoadPlan, TrialFailed
 from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
+from autotune.servers import telemetry as tm
+from autotune.servers.telemetry import engine_figures, parse_prometheus, parse_prometheus_samples
 from autotune.study.space import flag_type_error
 from autotune.tuning.pruning import UNBOUNDED_BACKLOG, PrunerSettings, decide
 from autotune.tuning.trial import COMPLETE, INFEASIBLE, PRUNED, TrialResult, evaluate
@@ -305,8 +309,6 @@ def overload_verdict(result: TrialResult, plan: LoadPlan,
 
 
 def _hist(text: str, name: str) -> dict[float, float]:
-    from autotune.servers.telemetry import parse_prometheus_samples
-
     out: dict[float, float] = {}
     for s in parse_prometheus_samples(text):
         if s.name == name + "_bucket" and "le" in s.labels:
@@ -340,8 +342,6 @@ def real_telemetry(url: str | None, *, nvml: bool = True) -> Iterator[dict[str, 
     """Around one real load test: per-GPU NVML figures, KV usage from /metrics, and
     queue time and preemptions as increases of vLLM's counters.  Best effort: what
     cannot be read is left out (and a note says so)."""
-    from autotune.servers import telemetry as tm
-
     out: dict[str, Any] = {"source": "measured"}
     notes: list[str] = []
     sampler = scraper = None
@@ -383,8 +383,6 @@ def real_telemetry(url: str | None, *, nvml: bool = True) -> Iterator[dict[str, 
 
 
 def _raw_metrics(url: str) -> str:
-    import httpx
-
     r = httpx.get(url.rstrip("/") + "/metrics", timeout=5.0, trust_env=False)
     if r.status_code != 200:
         raise OSError(f"{url}/metrics answered {r.status_code}")
@@ -392,8 +390,6 @@ def _raw_metrics(url: str) -> str:
 
 
 def _counter_deltas(before: str, after: str) -> dict[str, Any]:
-    from autotune.servers.telemetry import engine_figures, parse_prometheus
-
     b, a = parse_prometheus(before), parse_prometheus(after)
     out: dict[str, Any] = {}
     eb, ea = engine_figures(b), engine_figures(a)

@@ -33,6 +33,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
 from autotune.core.metrics import Summary
 from autotune.core.records import RequestRecord
+from autotune.study.space import VLLM_FLAGS
 from autotune.tuning.record import as_mapping
 
 PERCENTILES = (50.0, 90.0, 95.0, 99.0)
@@ -273,8 +274,6 @@ def records_from_vllm_result(obj: Mapping[str, Any]) -> list[RequestRecord]:
 def vllm_result_row(obj: Mapping[str, Any], *, name: str = "") -> dict[str, Any]:
     """One imported result as a report row (the keys of ``experiments.COLUMNS``)."""
     config: dict[str, Any] = {}
-    from autotune.study.space import VLLM_FLAGS
-
     aliases = {"tp": "tensor_parallel_size", "max_seqs": "max_num_seqs"}
     for key, value in obj.items():
         k = aliases.get(str(key), str(key))

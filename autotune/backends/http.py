@@ -9,8 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.backends.base import Backend, LoadPlan, LoadRun, TrialFailed
+from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
 from autotune.core.metrics import MEASURED
 from autotune.core.records import WindowCallback
+from autotune.servers.telemetry import NvmlSampler
+from autotune.servers.vllm import ServerError, ServerStartError
 
 
 class ServerBackend(Backend):
@@ -37,8 +40,6 @@ class ServerBackend(Backend):
 
     def prepare(self, flags: Mapping[str, Any], *, trial: int | None = None
                 ) -> dict[str, Any]:
-        from autotune.servers.vllm import ServerError, ServerStartError
-
         server_flags = {k: v for k, v in flags.items() if k != "model"}
         if not self.restartable:
             server_flags = {}
@@ -65,8 +66,6 @@ class ServerBackend(Backend):
         return data
 
     def load_test(self, rate: float, plan: LoadPlan, on_window: WindowCallback | None) -> LoadRun:
-        from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
-
         cfg = LoadTestConfig(
             url=self.server.endpoint, model=self.model, endpoint=self.endpoint, rate=rate,
             process=plan.process, burstiness=plan.burstiness,
@@ -107,8 +106,6 @@ class ServerBackend(Backend):
 
 def _nvml_sampler() -> Any:
     try:
-        from autotune.servers.telemetry import NvmlSampler
-
         return NvmlSampler(interval_s=0.5).start()
     except Exception:  # no NVML, no GPU: telemetry is optional
         return None

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.backends.base import Backend, LoadPlan, LoadRun, TrialFailed
 from autotune.core.metrics import SIMULATED
 from autotune.core.records import WindowCallback
+from autotune.sim import config as sim_config
+from autotune.sim import engine, profiles
 from autotune.workload.arrivals import arrival_offsets
 
 if TYPE_CHECKING:
@@ -28,9 +30,6 @@ class SimBackend(Backend):
         """``hardware`` and ``model``: profile names (``"4xa100-80gb"``), or profile
         objects, e.g. a shipped profile with changed efficiency factors."""
         super().__init__()
-        from autotune.sim import config as sim_config
-        from autotune.sim import engine, profiles
-
         self._cfg, self._engine = sim_config, engine
         self.hardware = (profiles.load_hardware(hardware) if isinstance(hardware, str)
                          else hardware)

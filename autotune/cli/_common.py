@@ -9,6 +9,7 @@ import typer
 
 from autotune.core.errors import AutotuneError
 from autotune.core.terminal import err_console
+from autotune.study.storage import mask_url
 
 
 class UsageError(AutotuneError):
@@ -17,8 +18,6 @@ class UsageError(AutotuneError):
 
 def fail(message: str, code: int = 2) -> typer.Exit:
     """Print one clear line and return the Exit to raise."""
-    from autotune.study.storage import mask_url
-
     # A library message may quote a storage URL as given (autotune.study.study does for
     # SQLite-style URLs of any scheme): its password never reaches the terminal.
     err_console.print(f"[bold red]error:[/] {mask_url(message)}", soft_wrap=True)

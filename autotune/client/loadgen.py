@@ -417,7 +417,7 @@ class _Run:
 def _raise_fd_limit(wanted: int) -> None:
     # One connection per in-flight request: an open-loop overload needs many sockets.
     try:
-        import resource
+        import resource  # POSIX only: elsewhere the limit stays as it is
 
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
@@ -475,7 +475,7 @@ class _HttpxClient:
                                       headers=_auth(config.api_key),
                                       timeout=httpx.Timeout(config.request_timeout_s))
         if config.transport == "aiohttp" and importlib.util.find_spec("httpx_aiohttp"):
-            from httpx_aiohttp import HttpxAiohttpClient
+            from httpx_aiohttp import HttpxAiohttpClient  # optional: --transport aiohttp
 
             self.client: httpx.AsyncClient = HttpxAiohttpClient(**kwargs)
         else:

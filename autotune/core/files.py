@@ -60,7 +60,7 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
     dies, so a killed holder never blocks the others.  The file itself stays: deleting
     it would let a late process lock a new file while another holds the old one.
     """
-    import fcntl
+    import fcntl  # POSIX only, like the servers this locks for
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:

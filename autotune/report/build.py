@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import optuna
+
+from autotune.analysis.deploy import ReplicaResult, serve_command
 from autotune.analysis.recommend import equal_gpus
 from autotune.core.files import atomic_write
 from autotune.core.flags import config_key
@@ -30,6 +33,7 @@ from autotune.report.data import (
     varying_keys,
 )
 from autotune.report.render import Figure, Page, Text, html_page, markdown, table_from
+from autotune.study.optuna_adapter import quiet_logging
 from autotune.tuning.record import as_mapping
 
 DEFAULT_HEADROOM = 0.1
@@ -82,8 +86,6 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
     it did not (infeasible, or pruned below the incumbent).  Over the completed trials
     alone, the configs that fail are left out and hide the parameters that make them
     fail.  Returns the importances and a note saying over which trials (or why none)."""
-    import optuna
-
     done = [t for t in study.get_trials(deepcopy=False)
             if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
             and t.params and "repeat_of" not in (t.user_attrs.get("result") or {})]
@@ -97,8 +99,6 @@ def param_importances(study: Any) -> tuple[dict[str, float] | None, str]:
         return None, ("parameter importances: every completed trial has the same objective "
                       f"value ({next(iter(values.values())):g}), so no parameter explains "
                       "any change")
-    from autotune.study.optuna_adapter import quiet_logging
-
     quiet_logging()  # a scratch study: Optuna's "A new study created in memory" is noise
     scored = optuna.create_study(direction="maximize")
     for t in done:
@@ -354,8 +354,6 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     command = (rec_best.get("command") if same else None) or rec.get("command")
     if not command:
         with contextlib.suppress(Exception):
-            from autotune.analysis.deploy import serve_command
-
             cfg = dict(best.get("config") or {})
             command = serve_command(cfg, gpus=range(int(best.get("gpus") or 1)), port=8000,
                                     model=None if cfg.get("model") else "MODEL")
@@ -548,8 +546,6 @@ def replica_results(data: StudyData) -> list[Any]:
     Where the ceiling search ran on a config, its ``feasible_max`` and the goodput of
     the passing probe there replace the single rate the trial happened to try.
     """
-    from autotune.analysis.deploy import ReplicaResult
-
     probes: dict[str, tuple[float, float | None, float | None]] = {}
     for p in ceiling_probe_rows(data.ceilings):
         key = p.get("config_key")

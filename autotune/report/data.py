@@ -17,9 +17,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from autotune.core.errors import AutotuneError
 from autotune.core.flags import CLIENT_PARAMS, config_key
 from autotune.study.experiments import CONFIG_COLUMNS
+from autotune.study.storage import StorageError, mask_url, open_storage
 from autotune.tuning.record import StoredTrial, as_mapping, as_number, goodput_of
 
 # Flags people recognise by short names in labels and legends.
@@ -76,9 +79,6 @@ def load_study(name: str, storage: str) -> Any:
     Any storage ``autotune search`` takes (SQLite, PostgreSQL/MySQL, ``journal:PATH``)
     opens through ``autotune.study.storage``; a URL is only ever shown with its password masked.
     """
-    import optuna
-
-    from autotune.study.storage import StorageError, mask_url, open_storage
 
     shown = mask_url(storage)
     if storage.startswith("sqlite:///"):

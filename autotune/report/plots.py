@@ -18,6 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from autotune.core.slo import parse_slo
 from autotune.report.data import config_label, varying_keys  # noqa: E402
 
 MAX_CONFIGS = 6  # more curves than this on one plot is unreadable
@@ -50,8 +51,6 @@ def slo_line(slo_text: str | None) -> tuple[str, float | None, str]:
     """(row key of the plotted p99, SLO threshold in s or None, axis label)."""
     if slo_text:
         try:
-            from autotune.core.slo import parse_slo
-
             slo = parse_slo(slo_text)
         except ValueError:
             slo = None

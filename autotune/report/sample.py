@@ -10,6 +10,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
 from autotune.core.metrics import summarize
 from autotune.core.records import RequestRecord
 from autotune.core.slo import parse_slo
@@ -45,9 +48,6 @@ def synthetic_records(rate: float, capacity: float, n: int = 120, out_tokens: in
 def make_sample_study(storage: str, name: str = "sample", *, feasible: bool = True,
                       telemetry: bool = True) -> Any:
     """Ten trials: a baseline, configs at several rates, a pruned one, a rule break."""
-    import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
-
     slo_text = "p99:e2e<=10s" if feasible else "p99:e2e<=1s"
     slo = parse_slo(slo_text)
     study = optuna.create_study(study_name=name, storage=storage, direction="maximize")

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from autotune.core.errors import AutotuneError
+from autotune.report.data import trial_row
+from autotune.study.experiments import COLUMNS
 
 
 class TrackerUnavailable(AutotuneError, RuntimeError):
@@ -114,9 +116,6 @@ def make_trackers(*, wandb_project: str | None = None, mlflow_uri: str | None = 
 def optuna_callback(trackers: Sequence[Tracker], study_name: str
                     ) -> Callable[[Any, Any], None]:
     """``study.optimize(callbacks=[...])``: log each finished trial's load test."""
-    from autotune.report.data import trial_row
-    from autotune.study.experiments import COLUMNS
-
     def callback(study: Any, trial: Any) -> None:
         row = trial_row(trial, study_name)
         if not row.get("num_measured"):

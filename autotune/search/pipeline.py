@@ -586,6 +586,7 @@ def _prove(o: SearchOptions, settings: StudySettings, run: Any, backend: Any, lo
 def _report(settings: StudySettings, out: Console) -> None:
     """The HTML/Markdown report; a failure here must never lose the study."""
     try:
+        # Loads matplotlib, only now: a report that cannot be drawn must not lose the study.
         from autotune.report import write_report
 
         paths = write_report(settings.name, settings.storage, settings.out_dir)

@@ -27,6 +27,7 @@ from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.slo import SLO
 from autotune.core.terminal import console, err_console
+from autotune.report.plots import legend
 from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.tuning.options import (
     DEFAULT_CONTEXT,
@@ -324,12 +325,11 @@ def markdown_of(res: Any) -> str:
 
 def plot_sweep(res: Any, folder: Path) -> list[Path]:
     """One PNG per figure against the swept variable, one line per server value."""
-    import matplotlib
+    import matplotlib  # heavy: loaded only when plots are drawn (not with --no-plot)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from autotune.report.plots import legend  # matplotlib, loaded only to plot
 
     x = res.spec.x_name
     written: list[Path] = []

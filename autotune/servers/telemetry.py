@@ -44,7 +44,7 @@ def _warn_no_nvml(why: str) -> None:
 def _nvml() -> tuple[ModuleType | None, str]:
     """The initialised pynvml module, or None and why not."""
     try:
-        import pynvml
+        import pynvml  # optional: only where NVIDIA GPUs are
     except ImportError as e:
         return None, f"pynvml not importable ({e}); install nvidia-ml-py"
     try:

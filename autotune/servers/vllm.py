@@ -32,7 +32,8 @@ from typing import IO, Any
 import httpx
 
 from autotune.core.errors import AutotuneError
-from autotune.servers import process
+from autotune.core.flags import config_to_argv
+from autotune.servers import process, telemetry
 from autotune.servers.process import (  # noqa: F401 - re-exported: callers import them here
     descendants,
     free_port,
@@ -147,8 +148,6 @@ class StopInfo:
 def config_to_flags(config: Mapping[str, object]) -> list[str]:
     """vLLM argv flags of ``config``: :func:`autotune.core.flags.config_to_argv`, the one
     renderer, so the launched argv and every printed command agree."""
-    from autotune.core.flags import config_to_argv
-
     return config_to_argv(config)
 
 
@@ -537,8 +536,6 @@ class VllmServer(Server):
 
     def _launch(self, argv: list[str], port: int) -> None:
         assert self._log_file is not None
-        from autotune.servers import telemetry
-
         self._gpu_baseline = telemetry.gpu_memory_used(self.gpus)
         header = f"# autotune: {' '.join(argv)}\n".encode()
         self._log_file.write(header)
@@ -634,8 +631,6 @@ class VllmServer(Server):
     def _wait_gpu_released(self, pids: set[int]) -> float:
         """Where NVML is present: wait until none of our pids holds GPU memory and
         used memory is back near what it was before the start."""
-        from autotune.servers import telemetry
-
         if self._gpu_baseline is None:
             return 0.0
         t0 = time.monotonic()

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
+import yaml
 from scipy.optimize import minimize, minimize_scalar, nnls
 
 from autotune.sim.config import ConfigRefused, EngineConfig, resolve
@@ -353,8 +354,6 @@ def hardware_yaml(hardware: HardwareProfile, header: Sequence[str], *,
     """``hardware`` as a ``hardware.<name>.yaml`` file (``load_hardware`` reads it),
     ``header`` as comment lines on top; the ``fitted`` fields say so on their line,
     after which ``comments[field]`` follows (for any field)."""
-    import yaml
-
     comments = dict(comments or {})
     lines = [f"# {h}".rstrip() for h in header]
     lines.append("kind: hardware")

@@ -306,6 +306,7 @@ class RealtimeEngine:
 
 
 def build_app(engine: RealtimeEngine, served_name: str) -> Any:
+    # The HTTP server's packages load only when a simulated server is served.
     from starlette.applications import Starlette
     from starlette.routing import Route
 
@@ -671,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(setup: EngineSetup, served: str, args: argparse.Namespace) -> int:
-    import uvicorn
+    import uvicorn  # loaded only when a simulated server is served
 
     engine = RealtimeEngine(setup, crash_after=args.crash_after)
     app = build_app(engine, served)

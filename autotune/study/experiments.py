@@ -220,7 +220,7 @@ def row_from_summary(
 
 def read_experiments(path: str | os.PathLike[str]) -> Any:
     """The whole history as a pandas DataFrame (``config_json`` kept as text)."""
-    import pandas as pd
+    import pandas as pd  # optional and heavy: only this reader needs it
 
     path = Path(path)
     if not path.exists():

@@ -32,6 +32,8 @@ from optuna.storages._heartbeat import is_heartbeat_enabled as _is_heartbeat_ena
 from optuna.study._frozen import FrozenStudy  # what get_all_studies returns; not exported
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.servers.process import exiting
+
 __all__ = [
     "GRACE_ATTR", "SUPPORTED", "BaseHeartbeat", "BaseStorage", "FrozenStudy",
     "HeartbeatRelay", "heartbeat_grace",
@@ -218,8 +220,6 @@ class _QuietWhileExiting(logging.Filter):
     traceback, then "Trial N failed with value None") would only repeat it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from autotune.servers.process import exiting
-
         return not exiting()
 
 

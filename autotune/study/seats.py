@@ -12,8 +12,10 @@ process meanwhile.
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -71,8 +73,6 @@ def requeue(study: optuna.Study, frozen: FrozenTrial) -> None:
     """Queue ``frozen``'s config again, as Optuna retries a stale trial (at most once)."""
     attrs = _retry_user_attrs(frozen)
     if frozen.params:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1)
@@ -90,8 +90,6 @@ def _retry_user_attrs(t: FrozenTrial) -> dict[str, Any]:
 
 
 def _with_user_attrs(t: FrozenTrial, attrs: dict[str, Any]) -> FrozenTrial:
-    import copy
-
     out = copy.deepcopy(t)
     out.user_attrs = attrs
     return out

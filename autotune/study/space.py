@@ -21,16 +21,17 @@ not the server.  A config that breaks a rule is never launched.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import yaml
 
 from autotune.core.errors import AutotuneError
-from autotune.core.flags import CLIENT_PARAMS
+from autotune.core.flags import CLIENT_PARAMS, command_line, config_to_argv, serve_argv
 
 PARAM_TYPES = ("int", "float", "categorical", "bool")
 # vLLM engine flags a space may set (snake_case of `vllm serve --flag`).
@@ -357,8 +358,6 @@ class SearchSpace:
         """The space a trial samples: server parameters only (each trial searches its
         own rate), and no tensor-parallel size that a rule forbids on ``gpus`` GPUs, so
         no sample is spent on a config that can never launch."""
-        from dataclasses import replace
-
         params = {k: v for k, v in self.params.items() if k != "request_rate"}
         tp = params.get("tensor_parallel_size")
         if tp is not None:
@@ -401,8 +400,6 @@ class SearchSpace:
         """Every config of a finite space (categorical, bool and stepped int
         parameters), in a fixed order; None when the space is not finite or holds
         more than ``limit`` configs."""
-        import itertools
-
         axes: list[list[Any]] = []
         for p in self.params.values():
             if p.type in ("bool", "categorical"):
@@ -509,14 +506,10 @@ def vllm_args(flags: Mapping[str, Any]) -> list[str]:
     """``{'max_num_seqs': 128, 'enable_chunked_prefill': False}`` ->
     ``['--max-num-seqs', '128', '--no-enable-chunked-prefill']`` (model excluded);
     :func:`autotune.core.flags.config_to_argv`, the one renderer."""
-    from autotune.core.flags import config_to_argv
-
     return config_to_argv(flags)
 
 
 def serve_command(flags: Mapping[str, Any], *, port: int | None = None) -> str:
     """The ``vllm serve MODEL ...`` line a user runs to deploy ``flags``."""
-    from autotune.core.flags import command_line, serve_argv
-
     argv = serve_argv(flags) + (["--port", str(port)] if port is not None else [])
     return command_line(argv)

@@ -19,19 +19,25 @@ is never printed: :func:`mask_url` shows ``postgresql://user:***@host/db``.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import math
+import random
 import re
 import time
 from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import optuna
 from optuna.distributions import BaseDistribution
 from optuna.storages import BaseStorage
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 
 from autotune.core.errors import AutotuneError
 from autotune.core.files import file_lock
@@ -76,8 +82,6 @@ def scrub(text: str, url: str | None = None) -> str:
     text = mask_url(text)
     pw = url_password(url) if url else None
     if pw:
-        from urllib.parse import unquote
-
         for secret in {pw, unquote(pw)}:
             if len(secret) >= 3:
                 text = text.replace(secret, "***")
@@ -105,8 +109,6 @@ def _normalise(url: str) -> str:
     if url.startswith("postgres://"):
         url = "postgresql://" + url[len("postgres://"):]
     if url.startswith("postgresql://"):
-        import importlib.util
-
         for module, driver in (("psycopg2", "psycopg2"), ("psycopg", "psycopg")):
             if importlib.util.find_spec(module) is not None:
                 return f"postgresql+{driver}://" + url[len("postgresql://"):]
@@ -124,10 +126,6 @@ def transient(exc: BaseException) -> bool:
     """True when ``exc`` means "the database is unreachable right now"."""
     if any(text in str(exc).lower() for text in _FINAL):
         return False  # a wrong password or database name does not heal by waiting
-    try:
-        from sqlalchemy import exc as sa_exc
-    except ImportError:  # pragma: no cover - sqlalchemy comes with optuna
-        return False
     if isinstance(exc, optuna.exceptions.StorageInternalError):
         # RDBStorage wraps every SQLAlchemy error in this; the cause says which.
         # Bad data (integrity, value too long, SQL) fails again; anything else about the
@@ -197,8 +195,6 @@ def schema_race_retry(fn: Callable[[], Any], *, attempts: int = 8,
     """``fn()``, tried again while it loses a schema-creation race (see ``_SCHEMA_RACE``).
 
     A random pause before each retry keeps the losers from colliding again."""
-    import random
-
     for attempt in range(1, attempts + 1):
         try:
             return fn()
@@ -419,8 +415,6 @@ def _open_journal(path_text: str, shown: str) -> BaseStorage:
     if not path.resolve().parent.is_dir():
         raise StorageError(f"cannot open storage {shown}: folder {path.resolve().parent} "
                            "does not exist")
-    from optuna.storages.journal import JournalFileBackend, JournalStorage
-
     try:
         return JournalStorage(JournalFileBackend(str(path)))
     except OSError as exc:
@@ -470,8 +464,6 @@ def _open_sqlite(url: str) -> optuna.storages.RDBStorage:
 def _sqlite_wal(storage: optuna.storages.RDBStorage) -> None:
     """WAL with synchronous=NORMAL: a commit no longer waits for fsync, and a killed
     process still loses nothing that was committed (only a power cut could)."""
-    from sqlalchemy import event
-
     def on_connect(dbapi_conn: Any, _record: Any) -> None:
         cur = dbapi_conn.cursor()
         cur.execute("PRAGMA journal_mode=WAL")

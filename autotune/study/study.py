@@ -13,6 +13,8 @@ crashed trials are infeasible with their reason in the user attrs.
 from __future__ import annotations
 
 import functools
+import importlib.util
+import json
 import math
 import os
 import socket
@@ -30,6 +32,7 @@ from autotune.backends.base import Backend, LoadPlan, TrialFailed
 from autotune.core.files import json_safe
 from autotune.core.metrics import SIMULATED
 from autotune.core.slo import MAX_MARGIN, SLO
+from autotune.study.experiments import append_experiment, row_from_summary
 from autotune.study.optuna_adapter import (
     GRACE_ATTR,
     fail_running_trial,
@@ -42,6 +45,14 @@ from autotune.study.optuna_adapter import (
 from autotune.study.seats import run_seated_trial, should_wait
 from autotune.study.space import CLIENT_PARAMS, SearchSpace, Violation, canonical_params
 from autotune.study.storage import StudyError, open_storage
+from autotune.tuning.ceiling import (
+    BackendProbe,
+    BudgetSpent,
+    CeilingError,
+    find_ceiling,
+    min_samples_for_bound,
+    search_steady,
+)
 from autotune.tuning.pruning import PrunerSettings
 from autotune.tuning.record import StoredTrial, stored_trials
 from autotune.tuning.trial import INFEASIBLE, PRUNED, TrialResult, write_records
@@ -116,8 +127,6 @@ def make_sampler(name: str, *, seed: int, space: SearchSpace) -> optuna.samplers
     if key == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=10)
     if key == "gp":
-        import importlib.util
-
         if importlib.util.find_spec("torch") is None:
             raise StudyError("the GP sampler needs PyTorch, which is not installed: "
                              "pip install torch (CPU wheel is enough), or use --sampler tpe")
@@ -389,14 +398,6 @@ class Objective:
         return None, False, "a saturation probe (no incumbent yet)", None
 
     def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
-        from autotune.tuning.ceiling import (
-            BackendProbe,
-            BudgetSpent,
-            CeilingError,
-            find_ceiling,
-            search_steady,
-        )
-
         start, must_pass, why, floor = self.start_rate(trial, flags)
         plan = self.plan
         pool = list(plan.warmup_requests) + list(plan.requests)
@@ -631,8 +632,6 @@ def _f(x: float) -> float | None:
 def _append_probe(out_dir: Path, study: str, number: int, flags: Mapping[str, Any],
                   backend: str | None, probe: Any, purpose: str = "trial") -> None:
     """One row per load test of a ceiling search (a trial's, or a refinement's)."""
-    from autotune.study.experiments import append_experiment, row_from_summary
-
     row = row_from_summary(
         probe.summary.to_dict(), study=study, trial=number, config=flags,
         rate=probe.rate, backend=backend,
@@ -646,8 +645,6 @@ def append_load_test(out_dir: Path, study: str, number: int | None, result: Tria
                      purpose: str) -> None:
     """One row for a load test outside a ceiling search (a trial without one, or the
     validation run)."""
-    from autotune.study.experiments import append_experiment, row_from_summary
-
     if result.summary is None:
         return
     row = row_from_summary(
@@ -922,13 +919,6 @@ def refine_ceilings(
     the report plots).  A config whose probes cannot run is skipped, never ends the
     search.  ``deadline_s`` (on the backend's ``server_s`` clock): the budget's end,
     after which no test starts and a running one is cut."""
-    from autotune.tuning.ceiling import (
-        CeilingError,
-        find_ceiling,
-        min_samples_for_bound,
-        search_steady,
-    )
-
     n = num_prompts or len(plan.requests)
     need = max(min_samples_for_bound(lim.percentile, 0.95) for lim in plan.slo.limits)
     steady = search_steady(plan.steady, max_probes)
@@ -968,8 +958,6 @@ def _refine_probe(backend: Backend, config: dict[str, Any], plan: LoadPlan, stea
                   on_progress: Callable[[int, float, Any], None] | None, number: int) -> Any:
     """One config's probe over the whole pool (warm-up included), reporting its running
     evidence under the trial's number."""
-    from autotune.tuning.ceiling import BackendProbe
-
     pool = list(plan.warmup_requests) + list(plan.requests)
     probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
                          seed=plan.seed, window_s=plan.window_s,
@@ -983,8 +971,6 @@ def _refine_probe(backend: Backend, config: dict[str, Any], plan: LoadPlan, stea
 def _save_refined(out_dir: Path, refined: RefinedCeiling, backend: Backend) -> None:
     """Keep each probe in the experiment history and the search's answer as the JSON
     file the report plots."""
-    import json
-
     result, number, config = refined.result, refined.trial, refined.config
     for p in result.probes:
         if p.summary is not None:

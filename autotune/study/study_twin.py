@@ -22,6 +22,7 @@ load tests it learns from are measured.
 
 from __future__ import annotations
 
+import json
 import math
 import tempfile
 import time
@@ -31,11 +32,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 
+from autotune.backends.base import TrialFailed
+from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.errors import AutotuneError
+from autotune.core.files import atomic_write, json_safe
 from autotune.core.flags import config_key
 from autotune.core.metrics import SIMULATED
 from autotune.sim.profiles import HardwareProfile, ModelProfile
+from autotune.study.study import prescreen_enqueue, rate_bounds, rows_from_study, run_study
+from autotune.tuning.record import stored_trials
 from autotune.tuning.twin import (
     ObservedTest,
     TwinError,
@@ -161,8 +168,6 @@ class StudyTwin:
     def predict(self, flags: Mapping[str, Any]) -> dict[str, Any] | None:
         """The twin's ceiling of ``flags`` as a trial's ``predicted`` attrs (None when
         the simulator refuses the config: the real server is the judge of that)."""
-        from autotune.backends.base import TrialFailed
-
         low, high = _rate_bounds(self.settings)
         try:
             p = predict_ceiling(self.profile, self.model, flags, self.plan,
@@ -184,10 +189,6 @@ class StudyTwin:
         folder and in-memory storage."""
         if self.candidates < 1:
             return []
-        import optuna
-
-        from autotune.backends.factory import BackendSpec, create_backend
-        from autotune.study.study import prescreen_enqueue, rows_from_study, run_study
 
         # Enqueued trials hold no params until they run: what the twin queued itself.
         seen = {config_key(m) for m in measured} | self.queued
@@ -238,9 +239,6 @@ class StudyTwin:
         return step
 
     def _write(self) -> None:
-        import json
-
-        from autotune.core.files import atomic_write, json_safe
 
         assert self.fit is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -262,8 +260,6 @@ def _learner(twin: StudyTwin, say: Callable[[str], None], warn: Callable[[str], 
              ) -> Callable[[Any, Any, Any], None]:
     """After each searched trial: refit the twin, say how well it predicted the trial,
     and queue its best config not yet measured."""
-    from autotune.tuning.record import stored_trials
-
     def learn(trial: Any, probe: Any, ceiling: Any) -> None:
         try:
             step = twin.observe(trial.number, probe, ceiling, trial.user_attrs.get("predicted"))
@@ -297,8 +293,6 @@ def pick_seed(study_seed: int, number: int) -> int:
     """The seed of the twin's short study after trial ``number``: fixed by the search's
     ``--seed`` and the trial, so a rerun repeats its picks and another ``--seed`` draws
     others (a plain sum would give seed 1 after trial 1 the picks of seed 0 after 2)."""
-    import numpy as np
-
     return int(np.random.SeedSequence([study_seed, number]).generate_state(1)[0])
 
 
@@ -319,7 +313,5 @@ def _rms(tests: Sequence[ObservedTest], profile: HardwareProfile, model: ModelPr
 
 
 def _rate_bounds(settings: Any) -> tuple[float | None, float | None]:
-    from autotune.study.study import rate_bounds
-
     found = rate_bounds(settings.space)
     return found if found is not None else (None, None)

@@ -221,12 +221,14 @@ def check_compatible(attrs: Mapping[str, Any], mine: StudySpec | None, name: str
 # ----------------------------------------------------------------------------- options
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class WorkerOptions:
+    """Everything ``autotune worker`` was told, parsed by the CLI into typed values."""
+
     study: str
     storage: str
     spec: StudySpec | None = None  # from --space/--slo: create the study or check it
-    gpus: list[int] | None = None
+    gpus: tuple[int, ...] | None = None  # --gpu-ids; None: all of this host's
     n_trials: int | None = None  # study-wide; None: the study's
     backend: str = "sim"  # "sim" | "vllm"
     vllm_cmd: str = "vllm serve"
@@ -537,7 +539,7 @@ def _announce(opts: WorkerOptions, spec: StudySpec, wid: str, created: bool, sho
             f"configs needing more are recorded infeasible (rule tp_fits_gpus) here")
     say(f"worker {wid} {'created' if created else 'joined'} study {opts.study!r} at {shown} "
         f"(space {space.name}, SLO {slo}, n_trials {n_trials} study-wide, backend "
-        f"{opts.backend}, GPUs {opts.gpus if opts.gpus is not None else 'all'})")
+        f"{opts.backend}, GPUs {list(opts.gpus) if opts.gpus is not None else 'all'})")
     if not heartbeat_enabled(storage):
         say("note: this storage has no heartbeats: a trial of a worker killed with -9 stays "
             "RUNNING (use PostgreSQL or MySQL for automatic retries)")

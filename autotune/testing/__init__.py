@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from autotune.testing import fake_server
+
 __all__ = ["FakeServer", "FakeServerConfig", "FakeServerProcess"]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so ``python -m autotune.testing.fake_server`` does not import itself twice.
     if name in __all__:
-        from autotune.testing import fake_server
-
         return getattr(fake_server, name)
     raise AttributeError(name)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from autotune.core.errors import AutotuneError
+from autotune.servers.process import spawn, stop_group
 
 FAULTS: tuple[str, ...] = ("500", "drop", "cut", "reset", "slow", "short")
 # 500: HTTP 500 at once.  drop: close the connection without any response.
@@ -576,8 +577,6 @@ class FakeServer:
 def stop_process(proc: subprocess.Popen[Any], grace_s: float = 5.0) -> None:
     """SIGTERM, ``grace_s`` to exit, then SIGKILL; always reaped.  The process owner's
     stop, so a process's group and children go with it, whoever started it."""
-    from autotune.servers.process import stop_group
-
     stop_group(proc, grace_s=grace_s)
 
 
@@ -600,8 +599,6 @@ class FakeServerProcess:
         env = dict(os.environ)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-        from autotune.servers.process import spawn
-
         # Under the process owner's guard, in a group of its own: a test run killed with
         # kill -9 takes its fake servers down too.
         self._proc = spawn(argv, stdout=subprocess.PIPE, env=env, grace_s=5.0)
@@ -691,7 +688,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(coro: Any) -> None:
     """uvloop when installed: the benchmark server must never be the bottleneck."""
     try:
-        import uvloop
+        import uvloop  # optional: faster when installed
     except ImportError:
         asyncio.run(coro)
         return

@@ -46,6 +46,7 @@ def convert(out_dir: str | Path, gguf: Path | None = None, *, force: bool = Fals
         return out
     gguf = gguf or find_gguf()
     try:
+        # Heavy and optional: only the real-model test server needs them.
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as e:

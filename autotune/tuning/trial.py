@@ -25,7 +25,15 @@ from autotune.core.metrics import Summary, summarize
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, SLOCheck
 from autotune.tuning.pruning import OverloadPruner, PruneDecision, Window, window_evidence
-from autotune.tuning.verdict import FAIL, INCONCLUSIVE, PASS, Evidence, horizon, judge
+from autotune.tuning.verdict import (
+    FAIL,
+    INCONCLUSIVE,
+    PASS,
+    Evidence,
+    horizon,
+    judge,
+    point_verdict,
+)
 
 if TYPE_CHECKING:
     pass
@@ -72,7 +80,7 @@ class TrialResult:
             return FAIL
         if self.evidence is not None:
             return self.evidence.verdict
-        return PASS if self.check is not None and self.check.met else FAIL
+        return point_verdict(self.summary)
 
     @property
     def feasible(self) -> bool:

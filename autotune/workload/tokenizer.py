@@ -77,7 +77,7 @@ class HFTokenizer(Tokenizer):
     """A Hugging Face ``tokenizer.json`` read with the ``tokenizers`` library."""
 
     def __init__(self, path: str | Path) -> None:
-        from tokenizers import Tokenizer as _RustTokenizer
+        from tokenizers import Tokenizer as _RustTokenizer  # heavy: only for tokenizer.json
 
         self.path = Path(path)
         try:
@@ -100,7 +100,7 @@ class HFTokenizer(Tokenizer):
 
 def default_tekken_path() -> Path:
     """``tekken_240911.json`` inside the installed ``mistral-common`` package."""
-    import mistral_common
+    import mistral_common  # heavy: only for its shipped tekken file
 
     return Path(mistral_common.__file__).parent / "data" / TEKKEN_FILE
 

@@ -167,7 +167,11 @@ def test_sigterm_in_a_ceiling_probe_keeps_every_ended_probe(tmp_path: Path) -> N
         data = json.loads(out.read_text())
         assert data["interrupted"] is True and data["backend"]["kind"] == "attach"
         (probe,) = data["probes"]
-        assert probe["rate"] == 40 and probe["evidence"]["verdict"] == "pass"
+        # Its evidence is kept whatever it decided: on a busy host the real-time server
+        # runs slower and the first probe may end inconclusive instead of passing.
+        ev = probe["evidence"]
+        assert probe["rate"] == 40 and ev["verdict"] in ("pass", "fail", "inconclusive")
+        assert ev["cohort"] > 0 and ev["reasons"]
     finally:
         for proc in (ceiling, server):
             if proc is not None and proc.poll() is None:

@@ -76,24 +76,26 @@ def test_the_cli_parses_every_option_and_calls_the_library_once(
     assert not (tmp_path / "studies").exists()  # nothing of its own was written
 
 
-def test_run_search_as_a_library_writes_the_recommendation(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = run_search(_options(space="llama3-8b-4xa100",
-                               workload=WorkloadOptions(num_prompts=300, warmup=20),
-                               n_trials=3, study_name="lib",
-                               studies_dir=tmp_path / "runs" / "mine", validate_s=None))
-    assert code == 0  # --studies-dir is created, whatever its name (its parent too)
+def test_the_library_example_of_the_search_page_runs_as_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/search.md's library call, run as the page shows it."""
+    page = (Path(__file__).resolve().parent.parent / "docs" / "search.md").read_text()
+    code = page.split("## As a library", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "docs/search.md", "exec"), {})  # its own assert checks the exit code
     # Before it starts, the search says how long it may take (plain text: no terminal).
     said = capsys.readouterr().out
     assert "time: 3 trials of 1 to 4 screening tests of " in said  # screen, then prove
     assert "then the 2 best proven by 1 to 8 (--max-probes) tests of " in said
-    rec = json.loads((tmp_path / "runs" / "mine" / "lib" / "recommendation.json").read_text())
+    name = "llama3-8b-4xa100-sim-p99e2e10s"
+    rec = json.loads((tmp_path / "studies" / name / "recommendation.json").read_text())
     assert rec["best"]["max_feasible_rate"] > 0 and rec["validation"] is None
     # The Optuna study itself says how it was measured (optuna-dashboard shows these).
     import optuna
 
-    db = tmp_path / "runs" / "mine" / "lib.db"
-    attrs = optuna.load_study(study_name="lib", storage=f"sqlite:///{db}").user_attrs
+    db = tmp_path / "studies" / f"{name}.db"
+    attrs = optuna.load_study(study_name=name, storage=f"sqlite:///{db}").user_attrs
     assert attrs["backend"] == "sim" and attrs["source"] == "simulated (virtual time)"
     assert attrs["profile"].startswith("4xa100-80gb") and attrs["slo"] == "p99:e2e<=10s"
     assert attrs["workload"].startswith("sharegpt") and "20 warm-up" in attrs["workload"]

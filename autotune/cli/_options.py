@@ -67,6 +67,11 @@ GpuIds = Annotated[str | None, typer.Option(
     help="GPU ids for CUDA_VISIBLE_DEVICES of the vLLM server, e.g. 0,1.")]
 Tokenizer = Annotated[str | None, typer.Option(
     help="Path to the model's tokenizer.json (default: mistral-common's tekken).")]
+InputLen = Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")]
+OutputLen = Annotated[int, typer.Option(help="Synthetic: mean output tokens.")]
+LengthSpread = Annotated[float, typer.Option(
+    help="Synthetic: relative spread of lengths (0 = fixed).")]
+LengthDistribution = Annotated[str, typer.Option(help="Synthetic: fixed, uniform or lognormal.")]
 SearchSeed = Annotated[int, typer.Option(help="Seed of workload, arrivals and sampler.")]
 
 # -- the study

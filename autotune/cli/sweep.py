@@ -25,10 +25,15 @@ from autotune.cli._options import (
     NUM_PROMPTS,
     VLLM_CMD,
     WARMUP,
+    InputLen,
+    LengthDistribution,
+    LengthSpread,
     MaxDuration,
     MaxModelLen,
     NumPrompts,
+    OutputLen,
     Seed,
+    Tokenizer,
     VllmCmd,
     Warmup,
 )
@@ -61,13 +66,6 @@ Model = Annotated[str | None, typer.Option(
 Url = Annotated[str | None, typer.Option(
     help="Attach to this running server (client-side sweeps only).")]
 DatasetOpt = Annotated[str, typer.Option(help="sharegpt or synthetic.")]
-InputLen = Annotated[int, typer.Option(help="Synthetic: mean prompt tokens.")]
-OutputLen = Annotated[int, typer.Option(help="Synthetic: mean output tokens.")]
-LengthSpread = Annotated[float, typer.Option(
-    help="Synthetic: relative spread of lengths (0 = fixed).")]
-LengthDistribution = Annotated[str, typer.Option(help="Synthetic: fixed, uniform or lognormal.")]
-Tokenizer = Annotated[str | None, typer.Option(
-    help="Path to the model's tokenizer.json (default: mistral-common's tekken).")]
 ArrivalOpt = Annotated[str, typer.Option(help="poisson, gamma or constant.")]
 SloP99 = Annotated[str | None, typer.Option(
     help="P99 end-to-end latency limit (default 10s, the seed's).")]

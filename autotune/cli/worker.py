@@ -22,10 +22,12 @@ from autotune.cli._options import (
     VLLM_CMD,
     WARMUP,
     BacklogShare,
+    InputLen,
     MaxDuration,
     MaxModelLen,
     MinDuration,
     NumPrompts,
+    OutputLen,
     Seed,
     Warmup,
 )
@@ -74,8 +76,6 @@ SamplerOpt = Annotated[str, typer.Option(help="tpe, gp, random or grid (with --s
 Dataset = Annotated[str, typer.Option(
     help="sharegpt (the realistic mixed workload every command uses by default) or "
          "synthetic (--input-len/--output-len).")]
-InputLen = Annotated[int, typer.Option(help="Synthetic prompt tokens (mean).")]
-OutputLen = Annotated[int, typer.Option(help="Synthetic output tokens (mean).")]
 StudiesDirOpt = Annotated[Path, typer.Option(help="Where this host writes logs and records.")]
 HeartbeatInterval = Annotated[int, typer.Option(
     help="Seconds between a running trial's heartbeats.")]

@@ -38,7 +38,6 @@ from autotune.core.metrics import (
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO
 from autotune.core.terminal import console, err_console
-from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError, SimProfile, WorkloadOptions
 from autotune.tuning.trial import evaluate
 from autotune.tuning.verdict import SteadyState, horizon
@@ -103,13 +102,7 @@ class BenchOptions:
 def _sim_flags(o: BenchOptions) -> tuple[dict[str, Any], tuple[Any, Any]]:
     """The simulated config (the profile's model plus ``--param`` flags) and the
     (hardware, model) profiles it runs on."""
-    assert o.profile is not None
-    try:
-        hardware = load_hardware(o.profile.node)
-        model = load_model(o.profile.model)
-    except (ProfileError, OSError, ValueError) as exc:
-        raise OptionsError(f"--profile {o.profile.hardware}:{o.profile.model}: "
-                           f"{exc}") from None
+    hardware, model = (o.profile or SimProfile()).load()
     return {"model": model.hf_id, **o.flags}, (hardware, model)
 
 

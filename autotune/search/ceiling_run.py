@@ -24,7 +24,6 @@ from autotune.core.files import atomic_write, check_writable, write_json
 from autotune.core.slo import SLO
 from autotune.core.terminal import console, err_console
 from autotune.servers.process import interrupted_code
-from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.tuning.ceiling import (
     PROOF_CAP_S,
     BackendProbe,
@@ -153,12 +152,7 @@ def _backend(o: CeilingOptions) -> tuple[Backend, str]:
     """The trial backend and a one-line description of where probes run."""
     if o.simulated:
         node = o.profile
-        try:
-            load_hardware(node.node)
-            load_model(node.model)
-        except (ProfileError, OSError, ValueError) as exc:
-            raise OptionsError(f"simulator profile {node.hardware}:{node.model}: "
-                               f"{exc}") from None
+        node.load("simulator profile")
         spec = BackendSpec(kind="sim", hardware=node.node, sim_model=node.model)
         return create_backend(spec), describe(spec)
     s = o.server

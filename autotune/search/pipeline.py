@@ -31,7 +31,7 @@ from autotune.core.terminal import console, err_console
 from autotune.report.trackers import make_trackers, optuna_callback
 from autotune.search.options import SearchOptions
 from autotune.servers.process import interrupted_code
-from autotune.sim.profiles import ProfileError, load_hardware, load_model
+from autotune.sim.profiles import load_hardware, load_model
 from autotune.study.optuna_adapter import quiet_logging
 from autotune.study.seats import TAKEN_OVER_WHY
 from autotune.study.space import CLIENT_PARAMS, SearchSpace
@@ -139,16 +139,9 @@ def _attention_heads(o: SearchOptions) -> int | None:
     if not (o.backend == "sim" or o.prescreened or o.twin is not None
             or (o.backend == "vllm" and o.profile_given)):
         return o.space.attention_heads
-    try:
-        load_hardware(o.sim.node)
-        heads = load_model(o.sim.model).num_attention_heads
-    except (ProfileError, OSError, ValueError) as exc:
-        raise OptionsError(f"--profile {o.sim.hardware}:{o.sim.model}: {exc}") from None
+    heads = o.sim.load()[1].num_attention_heads
     if o.twin is not None:
-        try:
-            load_hardware(f"{o.sim.gpus}x{o.twin.prior}")
-        except (ProfileError, OSError, ValueError) as exc:
-            raise OptionsError(f"--twin-prior {o.twin.prior}: {exc}") from None
+        replace(o.sim, hardware=o.twin.prior).load("--twin-prior")
     return heads
 
 

@@ -28,7 +28,6 @@ from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.slo import SLO
 from autotune.core.terminal import console, err_console
 from autotune.report.plots import legend
-from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.tuning.options import (
     DEFAULT_CONTEXT,
     OptionsError,
@@ -157,14 +156,8 @@ def _print_header(o: SweepOptions, wl: Workload, plan: LoadPlan) -> None:
 
 
 def _check_profile(profile: SimProfile | None) -> None:
-    if profile is None:
-        return
-    try:
-        load_hardware(profile.node)
-        load_model(profile.model)
-    except (ProfileError, OSError, ValueError) as exc:
-        raise OptionsError(f"simulator profile {profile.hardware}:{profile.model}: "
-                           f"{exc}") from None
+    if profile is not None:
+        profile.load("simulator profile")
 
 
 def _check_folder(folder: Path) -> None:
@@ -327,7 +320,7 @@ def plot_sweep(res: Any, folder: Path) -> list[Path]:
     """One PNG per figure against the swept variable, one line per server value."""
     import matplotlib  # heavy: loaded only when plots are drawn (not with --no-plot)
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display; before pyplot is imported
     import matplotlib.pyplot as plt
 
 

@@ -323,7 +323,7 @@ def build_app(engine: RealtimeEngine, served_name: str) -> Any:
 def _error(message: str, code: int = 400, kind: str = "BadRequestError") -> Response:
     """An error as vLLM's API server sends it, so a client parses ours like its own: the
     engine's error body, typed with the exception's class name."""
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse  # the web stack: only when served
 
     body = json.loads(error_body(message, code))
     body["type"] = kind
@@ -411,7 +411,7 @@ async def _complete(engine: RealtimeEngine, served_name: str,
                     request: HttpRequest) -> Response:
     """Both completion routes: the path alone says chat or not; whole or streamed is
     only decided once the engine has the request."""
-    from starlette.responses import Response, StreamingResponse
+    from starlette.responses import Response, StreamingResponse  # only when served
 
     chat = request.url.path.endswith("/chat/completions")
     body = await _read_json(request)
@@ -464,7 +464,7 @@ def _usage(prompt_n: int, n_out: int) -> dict[str, int]:
 async def _whole_completion(call: _Call) -> Response:
     """A non-streamed answer: it waits for every token, and gives the engine its blocks
     back should the client leave (or the server stop) first."""
-    from starlette.responses import JSONResponse
+    from starlette.responses import JSONResponse  # the web stack: only when served
 
     engine = call.engine
     n_out = 0

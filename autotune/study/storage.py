@@ -355,6 +355,20 @@ class RetryingHeartbeatStorage(RetryingStorage, HeartbeatRelay):
 # ----------------------------------------------------------------------------- open
 
 
+def _engine_kwargs(url: str, grace_period: int | None) -> dict[str, Any]:
+    """Connections checked before use; on PostgreSQL, a session left idle inside a
+    transaction longer than the grace period is ended by the server.  A host stopped in
+    the middle of a storage call (SIGSTOP, a frozen VM, swapping) holds its row locks
+    until then: without the limit, the worker that fails its trial as stale would wait
+    on those locks for as long as the host stays stopped."""
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if url.startswith(("postgresql", "postgres")):
+        limit_ms = 1000 * max(int(grace_period or DEFAULT_GRACE_S), 10)
+        kwargs["connect_args"] = {
+            "options": f"-c idle_in_transaction_session_timeout={limit_ms}"}
+    return kwargs
+
+
 def open_storage(
     url: str,
     *,
@@ -389,7 +403,7 @@ def open_storage(
     def connect() -> BaseStorage:
         rdb = heartbeat_rdb(url, heartbeat_interval=heartbeat_interval,
                             grace_period=grace_period, max_retry=max_retry,
-                            engine_kwargs={"pool_pre_ping": True})
+                            engine_kwargs=_engine_kwargs(url, grace_period))
         return cached_rdb(rdb)
 
     try:

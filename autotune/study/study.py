@@ -498,7 +498,7 @@ class Objective:
 
     def _store(self, trial: optuna.Trial, outcome: ConfigOutcome) -> None:
         result = outcome.result
-        attrs = result.to_attrs()
+        attrs = StoredTrial.result_attrs(result)
         attrs["launched"] = True
         ceiling = outcome.ceiling
         if ceiling is not None:

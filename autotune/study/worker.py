@@ -29,6 +29,7 @@ import shlex
 import shutil
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,8 +39,11 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from autotune.backends.base import LoadPlan
+from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.errors import AutotuneError
 from autotune.core.slo import parse_slo
+from autotune.sim.profiles import load_hardware
 from autotune.study.optuna_adapter import (
     fail_running_trial,
     fail_stale_heartbeats,
@@ -57,7 +61,17 @@ from autotune.study.seats import (
 )
 from autotune.study.space import SearchSpace
 from autotune.study.storage import StudyError, mask_url, open_storage
-from autotune.study.study import StudySettings, process_running, validate_name
+from autotune.study.study import (
+    Objective,
+    StudySettings,
+    enqueue_baseline,
+    open_study,
+    process_running,
+    validate_name,
+)
+from autotune.tuning.verdict import SteadyState
+from autotune.workload.sources import build_workload
+from autotune.workload.tokenizer import load_tokenizer
 
 SPEC_ATTR = "autotune:spec"
 INTERRUPTED = "interrupted"
@@ -360,13 +374,11 @@ class StopSignals:
             return
         if self.signum is None:
             self.signum = signum
-            import threading
-
             threading.Thread(target=self._rearm, daemon=True, name="stop-rearm").start()
         raise Terminated() if self.signum == signal.SIGTERM else KeyboardInterrupt()
 
     def _rearm(self) -> None:
-        import _thread
+        import _thread  # private: interrupt_main from the watchdog thread
 
         while True:
             time.sleep(1.0)
@@ -391,11 +403,7 @@ class StopSignals:
 
 def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: str
                  ) -> Backend:
-    from autotune.backends.factory import BackendSpec, create_backend
-
     if opts.backend == "sim":
-        from autotune.sim.profiles import load_hardware
-
         sim = spec.sim or {}
         profile = spec.space.get("profile") or {}
         hardware = sim.get("hardware") or profile.get("hardware") or "a100-80gb"
@@ -422,17 +430,11 @@ def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: 
 
 
 def build_plan(spec: StudySpec) -> Any:
-    from autotune.backends.base import LoadPlan
-    from autotune.workload.sources import build_workload
-    from autotune.workload.tokenizer import load_tokenizer
-
     w = dict(spec.workload)
     kind = w.pop("kind", "synthetic")
     tok = load_tokenizer(w.pop("tokenizer", None))
     workload = build_workload(kind, tokenizer=tok, **w)
     load = dict(spec.load)
-    from autotune.tuning.verdict import SteadyState
-
     steady = SteadyState(min_duration_s=load.get("min_duration_s"),
                          max_duration_s=load.get("max_duration_s"),
                          min_requests=int(spec.workload.get("num_prompts", 0) or 0),
@@ -464,8 +466,6 @@ def _paced(backend: Any, pace_s: float) -> Any:
 
 def run_worker(opts: WorkerOptions, *, say: Callable[[str], None] = print) -> WorkerRun:
     """Join ``opts.study`` and run trials until it holds n_trials finished ones."""
-    from autotune.study.study import Objective
-
     wid = worker_id()
     shown = mask_url(opts.storage)
     storage = open_storage(opts.storage, heartbeat_interval=opts.heartbeat_interval,
@@ -518,14 +518,10 @@ def _open_worker_study(settings: StudySettings, storage: Any, pruner: Any,
                        spec: StudySpec, space: Any, created: bool) -> optuna.Study:
     """Open the study over the config space; the worker that created it queues the
     baseline first, as a search would."""
-    from autotune.study.study import open_study
-
     # What trials sample: the server parameters (each trial searches its own rate).
     config_space = space.for_configs(gpus=spec.gpus, attention_heads=space.attention_heads)
     study = open_study(settings, storage, pruner, space=config_space)
     if created:
-        from autotune.study.study import enqueue_baseline
-
         enqueue_baseline(study, config_space)
     return study
 

@@ -27,7 +27,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.files import check_writable, write_json
 from autotune.core.slo import combine
 from autotune.core.terminal import console
-from autotune.sim.profiles import ModelProfile, ProfileError, load_hardware, load_model
+from autotune.sim.profiles import HardwareProfile, ModelProfile
 from autotune.tuning.ceiling import BackendProbe
 from autotune.tuning.options import (
     DEFAULT_CONTEXT,
@@ -95,12 +95,8 @@ def parse_loads(text: str) -> tuple[float, ...]:
     return loads
 
 
-def _prior(o: CalibrateOptions) -> tuple[Any, Any]:
-    try:
-        return load_hardware(o.prior.node), load_model(o.prior.model)
-    except (ProfileError, OSError, ValueError) as exc:
-        raise CalibrationError(f"--profile {o.prior.hardware}:{o.prior.model}: "
-                               f"{exc}") from None
+def _prior(o: CalibrateOptions) -> tuple[HardwareProfile, ModelProfile]:
+    return o.prior.load()
 
 
 def run_calibration(o: CalibrateOptions) -> int:

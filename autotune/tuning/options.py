@@ -14,6 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.core.errors import AutotuneError
+from autotune.sim.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    ProfileError,
+    load_hardware,
+    load_model,
+)
 
 # The simulator's profile when neither the space nor --profile names one.
 DEFAULT_PROFILE = ("a100-80gb", "llama-3-8b", 4)
@@ -87,6 +94,14 @@ class SimProfile:
     def node(self) -> str:
         """The hardware profile's name with its GPU count, as ``load_hardware`` reads it."""
         return f"{self.gpus}x{self.hardware}"
+
+    def load(self, what: str = "--profile") -> tuple[HardwareProfile, ModelProfile]:
+        """The simulator's hardware and model profiles, or one line naming ``what`` was
+        given and why it cannot be loaded."""
+        try:
+            return load_hardware(self.node), load_model(self.model)
+        except (ProfileError, OSError, ValueError) as exc:
+            raise OptionsError(f"{what} {self.hardware}:{self.model}: {exc}") from None
 
 
 @dataclass(frozen=True, kw_only=True)

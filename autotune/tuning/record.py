@@ -1,7 +1,7 @@
 """The stored trial record: the one reader of what a trial leaves in Optuna.
 
 ``autotune.study.study`` writes each trial's ``user_attrs``: ``result`` holds
-``TrialResult.to_attrs()`` (status, feasible, reason, flags, rate, gpus, summary,
+``StoredTrial.result_attrs(result)`` (status, feasible, reason, flags, rate, gpus, summary,
 evidence, telemetry, the ceiling search with its probes, the launch), next to
 ``status``, ``reason``, ``feasible``, ``predicted`` and ``baseline``.  The
 recommendation, the report, the trackers, the rate table and ``ceiling --study`` read
@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.core.files import json_safe
 from autotune.core.flags import CLIENT_PARAMS
 from autotune.core.metrics import SIMULATED
+from autotune.tuning.trial import TrialResult
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:
@@ -65,6 +67,36 @@ class StoredTrial:
         return cls(number=int(trial.number), state=trial.state.name,
                    value=as_number(trial.value) if values else None,
                    params=dict(trial.params), attrs=dict(trial.user_attrs))
+
+    @staticmethod
+    def result_attrs(result: TrialResult) -> dict[str, Any]:
+        """What a trial stores as its ``result`` block: the one writer of what
+        :class:`StoredTrial` reads back, JSON-able."""
+        s = result.summary
+        return json_safe({
+            "status": result.status,
+            "feasible": result.feasible,
+            "mode": result.mode,
+            "backend": result.backend,
+            "reason": result.reason,
+            "detail": result.detail,
+            "flags": result.flags,
+            "rate": result.rate,
+            "gpus": result.gpus,
+            "summary": None if s is None else s.to_dict(),
+            "how": None if s is None else s.how(),
+            "prune": None if result.prune is None else result.prune.to_dict(),
+            "startup": result.startup,
+            "telemetry": result.telemetry,
+            "log_path": result.log_path,
+            "records_path": result.records_path,
+            "load_test_s": result.load_test_s,
+            "planned_s": result.planned_s,
+            "windows": [[w.t_s, w.in_flight, w.finished] for w in result.windows],
+            "verdict": result.verdict,
+            "evidence": None if result.evidence is None else result.evidence.to_dict(),
+            "budget_cut": result.budget_cut,
+        })
 
     # -- the blocks ---------------------------------------------------------------------
     @property

@@ -107,34 +107,6 @@ class TrialResult:
         value = self.telemetry.get("gpu_util_mean_pct")
         return None if value is None else float(value)
 
-    def to_attrs(self) -> dict[str, Any]:
-        """JSON-able figures for the trial's user attrs."""
-        s = self.summary
-        return json_safe({
-            "status": self.status,
-            "feasible": self.feasible,
-            "mode": self.mode,
-            "backend": self.backend,
-            "reason": self.reason,
-            "detail": self.detail,
-            "flags": self.flags,
-            "rate": self.rate,
-            "gpus": self.gpus,
-            "summary": None if s is None else s.to_dict(),
-            "how": None if s is None else s.how(),
-            "prune": None if self.prune is None else self.prune.to_dict(),
-            "startup": self.startup,
-            "telemetry": self.telemetry,
-            "log_path": self.log_path,
-            "records_path": self.records_path,
-            "load_test_s": self.load_test_s,
-            "planned_s": self.planned_s,
-            "windows": [[w.t_s, w.in_flight, w.finished] for w in self.windows],
-            "verdict": self.verdict,
-            "evidence": None if self.evidence is None else self.evidence.to_dict(),
-            "budget_cut": self.budget_cut,
-        })
-
 
 # ----------------------------------------------------------------------------- evaluate
 

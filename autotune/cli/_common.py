@@ -8,8 +8,7 @@ from collections.abc import Iterator
 import typer
 
 from autotune.core.errors import AutotuneError
-from autotune.core.terminal import err_console
-from autotune.study.storage import mask_url
+from autotune.core.terminal import err_console, mask_url
 
 
 class UsageError(AutotuneError):

@@ -15,7 +15,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
-import optuna
 import typer
 
 from autotune.cli._app import app
@@ -46,11 +45,7 @@ from autotune.cli._parse import (
     server_options,
 )
 from autotune.search.ceiling_run import CeilingOptions, run_ceiling
-from autotune.search.pipeline import SETTINGS_ATTR
-from autotune.study.optuna_adapter import quiet_logging
 from autotune.study.space import flag_type_error
-from autotune.study.storage import mask_url, open_storage
-from autotune.study.study import storage_url
 from autotune.tuning.ceiling import search_looks
 from autotune.tuning.options import DEFAULT_CONTEXT, RateSearch, SimProfile, WorkloadOptions
 from autotune.tuning.record import StoredTrial
@@ -233,6 +228,13 @@ def _stored_trial(study: str | None, trial: int | None, storage: str | None,
     if trial is None or study is None:
         raise UsageError("--study and --trial go together: give both, e.g. --study S "
                          "--trial 12")
+    # The study's storage (Optuna, SQLAlchemy) loads only when --study is given.
+    import optuna
+
+    from autotune.study.optuna_adapter import quiet_logging
+    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.study import SETTINGS_ATTR, storage_url
+
     url = storage_url(study, storage, studies_dir)
     if url.startswith("sqlite:///") and not Path(url[len("sqlite:///"):]).is_file():
         raise UsageError(f"no study database {url[len('sqlite:///'):]}: check --study "

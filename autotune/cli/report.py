@@ -10,27 +10,21 @@ from typing import Annotated
 
 import typer
 
-from autotune.analysis.deploy import (
-    DeployError,
-    envoy_snippet,
-    nginx_snippet,
-    plan_deployment,
-    plan_text,
-)
-from autotune.analysis.vllm_results import VllmResultError, read_vllm_rows
 from autotune.cli._app import app
 from autotune.cli._common import UsageError, fail, one_line_errors
 from autotune.core.terminal import console, err_console
-from autotune.report import gather, write_report
-from autotune.report.build import provenance, replica_results
-from autotune.report.imported import write_imported_report
-from autotune.report.trackers import TrackerUnavailable, make_trackers
-from autotune.study.experiments import COLUMNS, ExperimentsError
 
 
 @contextlib.contextmanager
 def _errors() -> Iterator[None]:
     """One line for the user-facing errors of the report modules too."""
+    # The report modules (matplotlib, the study's storage) load only when `report` or
+    # `recommend` runs: every `autotune` start registers every command.
+    from autotune.analysis.deploy import DeployError
+    from autotune.analysis.vllm_results import VllmResultError
+    from autotune.report.trackers import TrackerUnavailable
+    from autotune.study.experiments import ExperimentsError
+
     with one_line_errors():
         try:
             yield
@@ -39,6 +33,8 @@ def _errors() -> Iterator[None]:
 
 
 def _imports(files: list[Path] | None, folder: Path | None) -> list[dict]:
+    from autotune.analysis.vllm_results import read_vllm_rows  # loads when the command runs
+
     rows: list[dict] = []
     for f in files or []:
         rows += read_vllm_rows(f)
@@ -74,9 +70,14 @@ def report(
             if not imported:
                 raise UsageError("give a STUDY name, or --vllm-results DIR / --import FILE "
                                  "to plot vllm bench serve results alone")
+            # Loads when the command runs.
+            from autotune.report.imported import write_imported_report
+
             folder = out or (vllm_results if vllm_results is not None else Path("."))
             paths = write_imported_report(imported, folder)
         else:
+            from autotune.report import write_report  # loads when the command runs
+
             paths = write_report(study, storage, out, imported=imported)
             if trackers:
                 _log_study(study, storage, trackers)
@@ -91,10 +92,15 @@ def report(
 def _trackers(wandb: str | None, mlflow: str | None) -> list:
     if not wandb and not mlflow:
         return []
+    from autotune.report.trackers import make_trackers  # loads when the command runs
+
     return make_trackers(wandb_project=wandb, mlflow_uri=mlflow)
 
 
 def _log_study(study: str, storage: str | None, trackers: list) -> None:
+    from autotune.report import gather  # loads when the command runs
+    from autotune.study.experiments import COLUMNS
+
     data = gather(study, storage)
     for row in data.rows:
         if row.get("num_measured"):
@@ -131,6 +137,16 @@ def recommend(
 
     Prints the layout's rate cap, cost, `vllm serve` commands and gateway snippets."""
     with _errors():
+        from autotune.analysis.deploy import (  # loads when the command runs
+            DeployError,
+            envoy_snippet,
+            nginx_snippet,
+            plan_deployment,
+            plan_text,
+        )
+        from autotune.report import gather  # loads when the command runs
+        from autotune.report.build import provenance, replica_results
+
         # Every number is checked before the study is read: a typo should not cost a
         # database round trip, nor be hidden behind "no such study".
         if burst_seconds <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TextIO
 
@@ -25,3 +26,18 @@ def _width(stream: TextIO) -> int | None:
 
 console = Console(stderr=False, highlight=False, width=_width(sys.stdout))
 err_console = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+
+
+# A URL's password never reaches the terminal, whichever command prints it.
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)@")
+
+
+def mask_url(url: str) -> str:
+    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
+    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
+
+
+def url_password(url: str) -> str | None:
+    """The password a URL holds, to scrub it from what a server prints (None: none)."""
+    m = _URL_PASSWORD.search(url)
+    return m.group("pw") if m and m.group("pw") else None

@@ -7,23 +7,41 @@ says where its numbers came from.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeGuard
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from autotune.core.slo import parse_slo
-from autotune.report.data import config_label, varying_keys  # noqa: E402
+from autotune.report.data import config_label, varying_keys
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 MAX_CONFIGS = 6  # more curves than this on one plot is unreadable
-COLORS = tuple(matplotlib.color_sequences["tab10"])
 REASON_MARKERS = ("v", "^", "s", "D", "P", "X", "<", ">")
+
+
+@functools.cache
+def pyplot() -> Any:
+    """matplotlib's pyplot on the headless Agg backend, loaded by the first plot: every
+    command imports the report package, and only the ones that draw need matplotlib
+    (about 0.4 s to import)."""
+    import matplotlib  # heavy: see the docstring
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _color(i: int) -> Any:
+    """The i-th colour of matplotlib's tab10 cycle."""
+    import matplotlib  # loaded already by pyplot(), which every plot calls first
+
+    colors = matplotlib.color_sequences["tab10"]
+    return colors[i % len(colors)]
 
 
 def _save(fig: Figure, path: Path, provenance: str) -> Path:
@@ -33,7 +51,7 @@ def _save(fig: Figure, path: Path, provenance: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     # "tight" grows the canvas to hold the legends, which sit outside the axes.
     fig.savefig(path, dpi=110, format="png", bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return path
 
 
@@ -94,10 +112,10 @@ def rate_curves(
     chosen = sorted(groups, key=lambda k: (-min(len(groups[k]), 3), -best(groups[k])))
     chosen = chosen[:MAX_CONFIGS]
     keys = varying_keys([r for k in chosen for r in groups[k]])
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.5, 7.0), sharex=True)
+    fig, (top, bottom) = pyplot().subplots(2, 1, figsize=(8.5, 7.0), sharex=True)
     for i, k in enumerate(chosen):
         g = sorted(groups[k], key=lambda r: r["rate"])
-        color = COLORS[i % len(COLORS)]
+        color = _color(i)
         label = config_label(g[0].get("config") or {}, keys)
         xs = [r["rate"] for r in g]
         good = [r.get("goodput_tokens") if r.get("feasible") else 0.0 for r in g]
@@ -150,7 +168,7 @@ def rate_curves(
 def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
             value_label: str = "goodput (output tok/s)") -> Path:
     """Each trial's goodput, the best feasible so far, and why the others failed."""
-    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    fig, ax = pyplot().subplots(figsize=(8.5, 4.5))
     feasible = [r for r in rows if r.get("feasible")]
     ax.plot([r["trial"] for r in feasible], [r.get("value") or 0 for r in feasible], "o",
             color="tab:green", label="met the SLO")
@@ -161,7 +179,7 @@ def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
     for i, (reason, rs) in enumerate(sorted(reasons.items())):
         ys = [y if _ok(y := r.get("output_throughput")) else 0.0 for r in rs]
         ax.plot([r["trial"] for r in rs], ys, REASON_MARKERS[i % len(REASON_MARKERS)],
-                color=COLORS[(i + 3) % len(COLORS)], mfc="none",
+                color=_color(i + 3), mfc="none",
                 label=f"infeasible: {reason} ({len(rs)})")
     best, xs, ys = -math.inf, [], []
     for r in sorted(rows, key=lambda r: r["trial"]):
@@ -185,7 +203,7 @@ def history(rows: Sequence[Mapping[str, Any]], path: Path, *, provenance: str,
 
 def importances(values: Mapping[str, float], path: Path, *, provenance: str,
                 evaluator: str) -> Path:
-    fig, ax = plt.subplots(figsize=(7.5, 0.5 * max(len(values), 2) + 1.5))
+    fig, ax = pyplot().subplots(figsize=(7.5, 0.5 * max(len(values), 2) + 1.5))
     items = sorted(values.items(), key=lambda kv: kv[1])
     ax.barh([k for k, _ in items], [v for _, v in items], color="tab:blue")
     for y, (_, v) in enumerate(items):
@@ -212,7 +230,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, flo
 def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
            provenance: str) -> Path:
     key, threshold, ylabel = slo_line(slo)
-    fig, ax = plt.subplots(figsize=(8.5, 5.0))
+    fig, ax = pyplot().subplots(figsize=(8.5, 5.0))
     feas = [(r[key], (r.get("goodput_tokens") or 0.0) / max(int(r.get("gpus") or 1), 1), r)
             for r in rows if r.get("feasible") and _ok(r.get(key))]
     infeas = [(r[key], (r.get("output_throughput") or 0.0) / max(int(r.get("gpus") or 1), 1))
@@ -253,7 +271,7 @@ def timeline(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, *,
     pct = [k for k in ("gpu_util_pct", "kv_cache_usage_pct") if series.get(k)]
     counts = [k for k in ("in_flight", "running", "waiting") if series.get(k)]
     n = (1 if pct else 0) + (1 if counts else 0)
-    fig, axes = plt.subplots(max(n, 1), 1, figsize=(8.5, 2.6 * max(n, 1) + 0.6),
+    fig, axes = pyplot().subplots(max(n, 1), 1, figsize=(8.5, 2.6 * max(n, 1) + 0.6),
                              sharex=True, squeeze=False)
     i = 0
     names = {"gpu_util_pct": "GPU utilisation", "kv_cache_usage_pct": "KV-cache usage",

@@ -38,6 +38,7 @@ from autotune.study.space import CLIENT_PARAMS, SearchSpace
 from autotune.study.storage import mask_url, open_storage
 from autotune.study.study import (
     SCREEN_PROBES,
+    SETTINGS_ATTR,
     StudySettings,
     append_load_test,
     make_sampler,
@@ -145,7 +146,6 @@ def _attention_heads(o: SearchOptions) -> int | None:
     return heads
 
 
-SETTINGS_ATTR = "autotune:settings"  # study user attr: what `ceiling --study` inherits
 
 
 def _study_attrs(o: SearchOptions, settings: StudySettings, wl: Any, load_plan: Any

@@ -27,7 +27,7 @@ from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.slo import SLO
 from autotune.core.terminal import console, err_console
-from autotune.report.plots import legend
+from autotune.report.plots import legend, pyplot
 from autotune.tuning.options import (
     DEFAULT_CONTEXT,
     OptionsError,
@@ -318,10 +318,7 @@ def markdown_of(res: Any) -> str:
 
 def plot_sweep(res: Any, folder: Path) -> list[Path]:
     """One PNG per figure against the swept variable, one line per server value."""
-    import matplotlib  # heavy: loaded only when plots are drawn (not with --no-plot)
-
-    matplotlib.use("Agg")  # files only, no display; before pyplot is imported
-    import matplotlib.pyplot as plt
+    plt = pyplot()  # matplotlib loads here, only when plots are drawn
 
 
     x = res.spec.x_name

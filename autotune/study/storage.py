@@ -23,7 +23,6 @@ import importlib.util
 import logging
 import math
 import random
-import re
 import time
 from collections.abc import Callable, Container, Sequence
 from pathlib import Path
@@ -41,6 +40,8 @@ from sqlalchemy import exc as sa_exc
 
 from autotune.core.errors import AutotuneError
 from autotune.core.files import file_lock
+from autotune.core.terminal import mask_url as mask_url
+from autotune.core.terminal import url_password as url_password
 from autotune.study.optuna_adapter import FrozenStudy, HeartbeatRelay, cached_rdb, heartbeat_rdb
 from autotune.study.optuna_adapter import heartbeat_enabled as heartbeat_enabled
 
@@ -61,19 +62,6 @@ class StorageError(StudyError):
 
 
 # ----------------------------------------------------------------------------- secrets
-
-
-_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.\-]*://[^:/@\s]*:)(?P<pw>[^@\s]*)@")
-
-
-def mask_url(url: str) -> str:
-    """``postgresql://user:secret@host/db`` -> ``postgresql://user:***@host/db``."""
-    return _URL_PASSWORD.sub(lambda m: f"{m.group('head')}***@", url)
-
-
-def url_password(url: str) -> str | None:
-    m = _URL_PASSWORD.search(url)
-    return m.group("pw") if m and m.group("pw") else None
 
 
 def scrub(text: str, url: str | None = None) -> str:

@@ -64,6 +64,8 @@ PRESCREEN_BY = "the simulator pre-screen"  # who predicted a trial's ceiling (``
 RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
 # Trial system attr, set once every value of the trial is suggested; see _choosing.
 CONFIGURED_ATTR = "autotune:configured"
+# Study user attr: what the search fixed, which `ceiling --study` inherits.
+SETTINGS_ATTR = "autotune:settings"
 CHOOSING_S = 60.0
 
 

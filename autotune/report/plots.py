@@ -31,7 +31,7 @@ def pyplot() -> Any:
     import matplotlib  # heavy: see the docstring
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display is needed
 
     return plt
 

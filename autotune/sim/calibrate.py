@@ -28,7 +28,7 @@ by linear least squares, with standard errors.  Pure: no clock, no I/O.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -144,15 +144,22 @@ def predict(samples: Sequence[StepSample], hardware: HardwareProfile, model: Mod
                      for s in samples])
 
 
-def _check(samples: Sequence[StepSample]) -> None:
-    if len(samples) < 4:
-        raise ValueError(f"need at least 4 step samples to fit 3 coefficients, got "
-                         f"{len(samples)}")
+def _timed(samples: Sequence[Any], need: int, fits: str, seconds: str
+           ) -> Iterator[tuple[str, Any]]:
+    """Each sample with its name, after the checks every fit's samples share: enough of
+    them for its unknowns, and each timed by a finite number of seconds above 0."""
+    if len(samples) < need:
+        raise ValueError(f"need at least {need} {fits}, got {len(samples)}")
     for i, s in enumerate(samples):
         what = s.label or f"sample {i}"
         if not (math.isfinite(s.seconds) and s.seconds > 0):
-            raise ValueError(f"{what}: step time must be a finite number of seconds > 0, "
-                             f"got {s.seconds!r}")
+            raise ValueError(f"{what}: {seconds}, got {s.seconds!r}")
+        yield what, s
+
+
+def _check(samples: Sequence[StepSample]) -> None:
+    for what, s in _timed(samples, 4, "step samples to fit 3 coefficients",
+                          "step time must be a finite number of seconds > 0"):
         if s.seqs < 1 or s.tokens < s.seqs:
             raise ValueError(f"{what}: need tokens >= seqs >= 1, got tokens={s.tokens} "
                              f"seqs={s.seqs}")
@@ -441,14 +448,8 @@ class FrontEndFit:
 
 
 def _check_front(samples: Sequence[FrontEndSample]) -> None:
-    if len(samples) < 2:
-        raise ValueError(f"need at least 2 front-end samples to fit 2 costs, got "
-                         f"{len(samples)}")
-    for i, s in enumerate(samples):
-        what = s.label or f"sample {i}"
-        if not (math.isfinite(s.seconds) and s.seconds > 0):
-            raise ValueError(f"{what}: seconds must be a finite number > 0, got "
-                             f"{s.seconds!r}")
+    for what, s in _timed(samples, 2, "front-end samples to fit 2 costs",
+                          "seconds must be a finite number > 0"):
         if not (s.requests >= 0 and s.output_tokens >= 0 and s.requests + s.output_tokens > 0):
             raise ValueError(f"{what}: need requests >= 0 and output_tokens >= 0, not both 0")
 

@@ -345,6 +345,7 @@ async def _read_json(request: HttpRequest) -> dict[str, Any] | Response:
 def _info_routes(engine: RealtimeEngine, served_name: str) -> list[Route]:
     """The routes that describe the server (health, models, metrics, tokenize): apart
     from the completions because none of them puts work on the engine."""
+    # The web stack loads only when a simulated server is served.
     from starlette.responses import JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 

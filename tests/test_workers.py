@@ -16,9 +16,10 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from autotune.core.terminal import mask_url, url_password
 from autotune.servers.process import descendants
 from autotune.study.seats import seat_of
-from autotune.study.storage import mask_url, scrub, storage_kind, url_password
+from autotune.study.storage import scrub, storage_kind
 from autotune.study.worker import (
     SPEC_ATTR,
     StudySpec,

@@ -13,7 +13,13 @@ from autotune.core.errors import AutotuneError
 from autotune.core.slo import SLO, SLOError, combine, parse_duration
 from autotune.sim.profiles import load_hardware
 from autotune.study.space import SearchSpace
-from autotune.tuning.options import OptionsError, ServerOptions, SimProfile
+from autotune.tuning.options import (
+    OptionsError,
+    ServerOptions,
+    SimProfile,
+    at_least,
+    check_backend,
+)
 from autotune.tuning.verdict import SteadyState, VerdictError
 
 
@@ -108,18 +114,14 @@ def load_space(text: str) -> SearchSpace:
     return SearchSpace.load(text)
 
 
-def sim_profile(text: str | None, space: SearchSpace | None, gpus: int | None
-                ) -> SimProfile:
-    """--profile HARDWARE[:MODEL] and --gpus over the space's own profile, if any."""
-    at_least_one("--gpus", gpus)
-    hardware, model, count = parse_profile(text, {} if space is None else space.profile,
+def sim_profile(text: str | None, space: SearchSpace | None, gpus: int | None, *,
+                model: str | None = None) -> SimProfile:
+    """--profile HARDWARE[:MODEL] and --gpus over the space's own profile, if any;
+    ``model`` (--model-profile) over the model --profile names."""
+    at_least("--gpus", gpus, 1)
+    hardware, named, count = parse_profile(text, {} if space is None else space.profile,
                                            gpus)
-    return SimProfile(hardware=hardware, model=model, gpus=count)
-
-
-def at_least_one(flag: str, value: int | None) -> None:
-    if value is not None and value < 1:
-        raise OptionsError(f"{flag} must be at least 1, got {value}")
+    return SimProfile(hardware=hardware, model=model or named, gpus=count)
 
 
 def server_options(*, model: str | None, url: str | None, vllm_cmd: str,
@@ -133,14 +135,8 @@ def server_options(*, model: str | None, url: str | None, vllm_cmd: str,
                          env=parse_env(list(vllm_env or ())))
 
 
-BACKENDS = ("sim", "vllm", "attach")
-
-
 def backend_kind(backend: str | None, *, url: str | None, model: str | None) -> str:
     """--backend, or what --url (attach) and --model (vllm) imply; sim without either."""
     kind = backend or ("attach" if url else "vllm" if model else "sim")
-    if kind not in BACKENDS:
-        raise OptionsError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
-    if kind == "attach" and not url:
-        raise OptionsError("--backend attach needs --url of the running server")
+    check_backend(kind, url)
     return kind

@@ -30,11 +30,11 @@ from autotune.cli._options import (
     Warmup,
 )
 from autotune.cli._parse import duration as seconds
-from autotune.cli._parse import parse_profile, parse_slo
+from autotune.cli._parse import parse_slo, sim_profile
 from autotune.cli.ceiling import parse_params
 from autotune.core.slo import SLO
 from autotune.search.bench_run import BenchOptions, run_bench
-from autotune.tuning.options import OptionsError, SimProfile, WorkloadOptions
+from autotune.tuning.options import OptionsError, WorkloadOptions
 from autotune.tuning.verdict import SteadyState, VerdictError
 
 
@@ -138,7 +138,7 @@ def bench(  # one line per option, each defined above or in cli._options
         the_slo = parse_slo(slo_p99, slo) if (slo_p99 or slo) else None
         options = BenchOptions(
             url=url, model=model, api_key=api_key,
-            profile=_sim_profile(profile) if backend is BenchBackend.sim else None,
+            profile=sim_profile(profile, None, None) if backend is BenchBackend.sim else None,
             flags=parse_params(param), rate=rate, max_concurrency=max_concurrency,
             arrival=arrival.value, burstiness=burstiness, request_timeout_s=request_timeout,
             endpoint=endpoint.value, transport=transport.value,
@@ -150,11 +150,6 @@ def bench(  # one line per option, each defined above or in cli._options
             steady=_steady(the_slo, min_duration, max_duration, duration, num_prompts),
             output=output, output_format=output_format.value, csv=csv)
         run_bench(options)
-
-
-def _sim_profile(text: str | None) -> SimProfile:
-    hardware, model, gpus = parse_profile(text, {}, None)
-    return SimProfile(hardware=hardware, model=model, gpus=gpus)
 
 
 def _steady(slo: SLO | None, min_duration: str | None, max_duration: str | None,

@@ -38,16 +38,16 @@ from autotune.cli._options import (
 )
 from autotune.cli._parse import (
     backend_kind,
-    parse_profile,
     parse_slo,
     parse_steady,
     parse_validate,
     server_options,
+    sim_profile,
 )
 from autotune.search.ceiling_run import CeilingOptions, run_ceiling
 from autotune.study.space import flag_type_error
 from autotune.tuning.ceiling import search_looks
-from autotune.tuning.options import DEFAULT_CONTEXT, RateSearch, SimProfile, WorkloadOptions
+from autotune.tuning.options import DEFAULT_CONTEXT, RateSearch, WorkloadOptions
 from autotune.tuning.record import StoredTrial
 from autotune.tuning.verdict import SteadyState
 
@@ -168,8 +168,8 @@ def ceiling(  # one line per option, each defined above or in cli._options
             backend=backend_kind(None if backend is None else backend.value, url=url,
                                  model=model),
             flags=config_flags(trial_, config, param),
-            profile=_sim_profile(take("profile", profile),
-                                 take("model_profile", model_profile), take("gpus", gpus)),
+            profile=sim_profile(take("profile", profile), None, take("gpus", gpus),
+                                model=take("model_profile", model_profile)),
             server=server_options(model=model, url=url, vllm_cmd=vllm_cmd,
                                   startup_timeout=900.0, gpu_ids=None, vllm_env=None),
             workload=WorkloadOptions(num_prompts=n, warmup=take("warmup", warmup),
@@ -231,8 +231,9 @@ def _stored_trial(study: str | None, trial: int | None, storage: str | None,
     # The study's storage (Optuna, SQLAlchemy) loads only when --study is given.
     import optuna
 
+    from autotune.core.terminal import mask_url
     from autotune.study.optuna_adapter import quiet_logging
-    from autotune.study.storage import mask_url, open_storage
+    from autotune.study.storage import open_storage
     from autotune.study.study import SETTINGS_ATTR, storage_url
 
     url = storage_url(study, storage, studies_dir)
@@ -265,12 +266,6 @@ def config_flags(trial: StoredTrial | None, config: Mapping[str, Any],
         if isinstance(value, int) and not isinstance(value, bool) and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be at least 1, got {value}")
     return flags
-
-
-def _sim_profile(profile: str | None, model_profile: str | None, gpus: int | None
-                 ) -> SimProfile:
-    hw, mdl, count = parse_profile(profile, {}, gpus)
-    return SimProfile(hardware=hw, model=model_profile or mdl, gpus=count)
 
 
 def _steady(min_duration: str | None, max_duration: str | None, num_prompts: int,

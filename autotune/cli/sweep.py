@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -37,7 +38,7 @@ from autotune.cli._options import (
     VllmCmd,
     Warmup,
 )
-from autotune.cli._parse import backend_kind, parse_profile, parse_slo, parse_steady
+from autotune.cli._parse import backend_kind, parse_slo, parse_steady, sim_profile
 from autotune.search.sweep_run import SweepOptions, run_sweep_command
 from autotune.tuning.options import ServerOptions, SimProfile, WorkloadOptions
 from autotune.tuning.verdict import SteadyState
@@ -153,12 +154,10 @@ def _spec(rate: str | None, concurrency: str | None, param: str | None,
 def _sim_profile(profile: str | None, model_profile: str | None, gpus: int | None,
                  spec: SweepSpec) -> SimProfile:
     """The simulator's node; a TP sweep gets at least as many GPUs as its largest TP."""
-    if gpus is not None and gpus < 1:
-        raise UsageError(f"--gpus must be at least 1, got {gpus}")
-    hw, mdl, count = parse_profile(profile, {}, gpus)
+    node = sim_profile(profile, None, gpus, model=model_profile)
     if gpus is None and spec.param == "tensor_parallel_size":
-        count = max(count, *(int(v) for v in spec.values))
-    return SimProfile(hardware=hw, model=model_profile or mdl, gpus=count)
+        return replace(node, gpus=max(node.gpus, *(int(v) for v in spec.values)))
+    return node
 
 
 def _steady(min_duration: str | None, max_duration: str | None, num_prompts: int

@@ -36,7 +36,7 @@ from autotune.core.slo import SLOError, parse_duration, parse_slo
 from autotune.core.terminal import console, err_console
 from autotune.study.optuna_adapter import quiet_logging
 from autotune.study.storage import scrub
-from autotune.study.worker import StudySpec, WorkerOptions, run_worker, space_to_dict
+from autotune.study.worker import StudySpec, WorkerOptions, load_spec, run_worker, space_to_dict
 from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError
 
 
@@ -143,11 +143,10 @@ def worker(  # one line per option, each defined above or in cli._options
                 space=space_to_dict(sp), slo=str(the_slo), objective=objective,
                 sampler=sampler, seed=seed, n_trials=n_trials,
                 gpus=len(ids or []) or sp.profile.get("gpus"), workload=workload,
-                load={"warmup": warmup, "process": "poisson", "burstiness": 1.0,
-                      "window_s": 1.0, "request_timeout_s": 600.0, "max_concurrency": None,
-                      "seed": seed, "min_duration_s": duration("--min-duration", min_duration),
-                      "max_duration_s": duration("--max-duration", max_duration),
-                      "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol})
+                load=load_spec(warmup=warmup, seed=seed,
+                               min_duration_s=duration("--min-duration", min_duration),
+                               max_duration_s=duration("--max-duration", max_duration),
+                               backlog_share=backlog_share, max_probes=max_probes, tol=tol))
         options = WorkerOptions(
             study=study, storage=storage, spec=spec, gpus=None if ids is None else tuple(ids),
             n_trials=n_trials, backend=backend.value, vllm_cmd=vllm_cmd, model=model,

@@ -21,8 +21,9 @@ import optuna
 
 from autotune.core.errors import AutotuneError
 from autotune.core.flags import CLIENT_PARAMS, config_key
+from autotune.core.terminal import mask_url
 from autotune.study.experiments import CONFIG_COLUMNS
-from autotune.study.storage import StorageError, mask_url, open_storage
+from autotune.study.storage import StorageError, open_storage
 from autotune.tuning.record import StoredTrial, as_mapping, as_number, goodput_of
 
 # Flags people recognise by short names in labels and legends.

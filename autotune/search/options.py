@@ -22,10 +22,9 @@ from autotune.tuning.options import (
     SimProfile,
     WorkloadOptions,
     at_least,
+    check_backend,
 )
 from autotune.tuning.verdict import SteadyState
-
-BACKENDS = ("sim", "vllm", "attach")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,14 +96,10 @@ class SearchOptions:
         if self.objective not in OBJECTIVES:
             raise OptionsError(f"unknown objective {self.objective!r}; use tokens or "
                                "requests")
-        if self.backend not in BACKENDS:
-            raise OptionsError(f"unknown backend {self.backend!r}; use one of "
-                               f"{', '.join(BACKENDS)}")
+        check_backend(self.backend, self.server.url)
         if self.backend == "vllm" and not (self.server.model or self.space.fixed.get("model")):
             raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the "
                                "space)")
-        if self.backend == "attach" and not self.server.url:
-            raise OptionsError("--backend attach needs --url of the running server")
         if self.prescreen and self.backend != "vllm":
             raise OptionsError("--prescreen sim seeds a real study: use it with --backend vllm")
         if self.twin is not None and self.backend == "attach":

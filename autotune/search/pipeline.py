@@ -27,7 +27,7 @@ from autotune.backends.base import LoadPlan
 from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.files import atomic_write, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
-from autotune.core.terminal import console, err_console
+from autotune.core.terminal import console, err_console, mask_url
 from autotune.report.trackers import make_trackers, optuna_callback
 from autotune.search.options import SearchOptions
 from autotune.servers.process import interrupted_code
@@ -35,7 +35,7 @@ from autotune.sim.profiles import load_hardware, load_model
 from autotune.study.optuna_adapter import quiet_logging
 from autotune.study.seats import TAKEN_OVER_WHY
 from autotune.study.space import CLIENT_PARAMS, SearchSpace
-from autotune.study.storage import mask_url, open_storage
+from autotune.study.storage import open_storage
 from autotune.study.study import (
     SCREEN_PROBES,
     SETTINGS_ATTR,
@@ -49,7 +49,7 @@ from autotune.study.study import (
     run_study,
 )
 from autotune.study.study_twin import PROFILE_FILE, StudyTwin
-from autotune.study.worker import StudySpec, space_to_dict
+from autotune.study.worker import StudySpec, load_spec, space_to_dict
 from autotune.tuning.ceiling import lent_evidence, search_steady
 from autotune.tuning.floor import LightTest, advice, floors, light_tests_of
 from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError
@@ -191,12 +191,11 @@ def _worker_spec(o: SearchOptions, settings: StudySettings) -> dict[str, Any]:
         per_gpu=o.per_gpu, sampler=settings.sampler, seed=w.seed,
         n_trials=settings.n_trials, gpus=o.sim.gpus, prune=settings.prune,
         workload=workload, sim={"hardware": o.sim.hardware, "model": o.sim.model},
-        load={"warmup": w.warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
-              "request_timeout_s": 600.0, "max_concurrency": None, "seed": w.seed,
-              "min_duration_s": o.steady.min_duration_s,
-              "max_duration_s": o.steady.max_duration_s,
-              "backlog_share": o.steady.backlog_share, "max_probes": o.rates.max_probes,
-              "tol": o.rates.tol})
+        load=load_spec(warmup=w.warmup, seed=w.seed,
+                       min_duration_s=o.steady.min_duration_s,
+                       max_duration_s=o.steady.max_duration_s,
+                       backlog_share=o.steady.backlog_share,
+                       max_probes=o.rates.max_probes, tol=o.rates.tol))
     return spec.attrs()
 
 

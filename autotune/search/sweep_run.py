@@ -35,6 +35,7 @@ from autotune.tuning.options import (
     SimProfile,
     WorkloadOptions,
     at_least,
+    check_backend,
 )
 from autotune.tuning.verdict import SteadyState
 from autotune.workload.sources import Workload, build_workload
@@ -90,8 +91,7 @@ class SweepOptions:
         self._check_backend()
 
     def _check_backend(self) -> None:
-        if self.backend == "attach" and not self.server.url:
-            raise OptionsError("--backend attach needs --url of the running server")
+        check_backend(self.backend, self.server.url)
         if self.backend == "attach" and self.spec.param is not None:
             raise OptionsError(f"--param {self.spec.param} is a server-side setting and an "
                                "attached server cannot be restarted: sweep --rate or "

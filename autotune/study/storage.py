@@ -40,8 +40,7 @@ from sqlalchemy import exc as sa_exc
 
 from autotune.core.errors import AutotuneError
 from autotune.core.files import file_lock
-from autotune.core.terminal import mask_url as mask_url
-from autotune.core.terminal import url_password as url_password
+from autotune.core.terminal import mask_url, url_password
 from autotune.study.optuna_adapter import FrozenStudy, HeartbeatRelay, cached_rdb, heartbeat_rdb
 from autotune.study.optuna_adapter import heartbeat_enabled as heartbeat_enabled
 

@@ -43,6 +43,7 @@ from autotune.backends.base import LoadPlan
 from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.errors import AutotuneError
 from autotune.core.slo import parse_slo
+from autotune.core.terminal import mask_url
 from autotune.sim.profiles import load_hardware
 from autotune.study.optuna_adapter import (
     fail_running_trial,
@@ -60,7 +61,7 @@ from autotune.study.seats import (
     should_wait,
 )
 from autotune.study.space import SearchSpace
-from autotune.study.storage import StudyError, mask_url, open_storage
+from autotune.study.storage import StudyError, open_storage
 from autotune.study.study import (
     Objective,
     StudySettings,
@@ -108,6 +109,18 @@ def space_to_dict(space: SearchSpace) -> dict[str, Any]:
     if space.profile:
         out["profile"] = dict(space.profile)
     return out
+
+
+def load_spec(*, warmup: int, seed: int, min_duration_s: float | None,
+              max_duration_s: float | None, backlog_share: float, max_probes: int,
+              tol: float) -> dict[str, Any]:
+    """A spec's ``load`` block: how each load test runs (Poisson arrivals, 1 s windows,
+    600 s per request, no concurrency cap) and how each config's ceiling is searched,
+    as :func:`build_plan` reads it back."""
+    return {"warmup": warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
+            "request_timeout_s": 600.0, "max_concurrency": None, "seed": seed,
+            "min_duration_s": min_duration_s, "max_duration_s": max_duration_s,
+            "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol}
 
 
 @dataclass

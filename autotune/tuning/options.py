@@ -33,6 +33,19 @@ class OptionsError(AutotuneError, ValueError):
     """An option the user can fix; the message names it and says how."""
 
 
+# Where a command's load tests run: the simulator, a vLLM autotune starts, or a running
+# server autotune attaches to.
+BACKENDS = ("sim", "vllm", "attach")
+
+
+def check_backend(kind: str, url: str | None) -> None:
+    """Refuse a backend that is not one, or an attached one without its URL."""
+    if kind not in BACKENDS:
+        raise OptionsError(f"unknown backend {kind!r}; use one of {', '.join(BACKENDS)}")
+    if kind == "attach" and not url:
+        raise OptionsError("--backend attach needs --url of the running server")
+
+
 def at_least(flag: str, value: int | None, low: int) -> None:
     """Refuse a count under ``low``, naming the flag (None: not given)."""
     if value is not None and value < low:

@@ -9,7 +9,7 @@ search) come from :mod:`autotune.tuning.options`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autotune.core.slo import SLO
@@ -39,6 +39,10 @@ class TwinOptions:
         if self.candidates < 0:
             raise OptionsError(f"--twin-candidates must be 0 (predict only the trial at "
                                f"hand) or more, got {self.candidates}")
+
+    def node(self, study: SimProfile) -> SimProfile:
+        """The node the twin starts from: the prior's hardware, the study's GPUs and model."""
+        return replace(study, hardware=self.prior)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -31,7 +31,6 @@ from autotune.core.terminal import console, err_console, mask_url
 from autotune.report.trackers import make_trackers, optuna_callback
 from autotune.search.options import SearchOptions
 from autotune.servers.process import interrupted_code
-from autotune.sim.profiles import load_hardware, load_model
 from autotune.study.optuna_adapter import quiet_logging
 from autotune.study.seats import TAKEN_OVER_WHY
 from autotune.study.space import CLIENT_PARAMS, SearchSpace
@@ -142,10 +141,8 @@ def _attention_heads(o: SearchOptions) -> int | None:
         return o.space.attention_heads
     heads = o.sim.load()[1].num_attention_heads
     if o.twin is not None:
-        replace(o.sim, hardware=o.twin.prior).load("--twin-prior")
+        o.twin.node(o.sim).load("--twin-prior")
     return heads
-
-
 
 
 def _study_attrs(o: SearchOptions, settings: StudySettings, wl: Any, load_plan: Any
@@ -595,8 +592,7 @@ def _report(settings: StudySettings, out: Console) -> None:
 def _prescreen(o: SearchOptions, settings: StudySettings, load_plan: Any, storage: Any, out: Console
                ) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 
-    sim = create_backend(BackendSpec(kind="sim", hardware=f"{o.sim.gpus}x{o.sim.hardware}",
-                                     sim_model=o.sim.model))
+    sim = create_backend(BackendSpec(kind="sim", hardware=o.sim.node, sim_model=o.sim.model))
     pre = replace(settings, name=settings.name + "-prescreen", n_trials=o.prescreen_trials,
                   timeout_s=None, budget_s=None)
     run = run_study(pre, sim, load_plan, storage=storage)
@@ -612,10 +608,11 @@ def _twin(o: SearchOptions, settings: StudySettings, load_plan: Any, out: Consol
     """The study's twin (``--twin``), starting from its prior profile; None without."""
     if o.twin is None:
         return None
-    twin = StudyTwin.for_study(prior=load_hardware(f"{o.sim.gpus}x{o.twin.prior}"),
-                               model=load_model(o.sim.model), settings=settings,
+    prior = o.twin.node(o.sim)
+    hardware, model = prior.load("--twin-prior")
+    twin = StudyTwin.for_study(prior=hardware, model=model, settings=settings,
                                plan=load_plan, candidates=o.twin.candidates)
-    out.print(f"twin: the simulator on {o.sim.gpus}x{o.twin.prior}, {o.sim.model} "
+    out.print(f"twin: the simulator on {prior.node}, {prior.model} "
               "learns this server: after each trial its profile is refitted to every load "
               f"test so far ({settings.out_dir / PROFILE_FILE}), the next trial is "
               f"its best of {o.twin.candidates} simulated trials, and each trial starts at "

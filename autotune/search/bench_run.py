@@ -99,10 +99,11 @@ class BenchOptions:
                                "drop the SLO to measure rate inf")
 
 
-def _sim_flags(o: BenchOptions) -> tuple[dict[str, Any], tuple[Any, Any]]:
+def _sim_flags(o: BenchOptions, profile: SimProfile
+               ) -> tuple[dict[str, Any], tuple[Any, Any]]:
     """The simulated config (the profile's model plus ``--param`` flags) and the
     (hardware, model) profiles it runs on."""
-    hardware, model = (o.profile or SimProfile()).load()
+    hardware, model = profile.load()
     return {"model": model.hf_id, **o.flags}, (hardware, model)
 
 
@@ -122,7 +123,7 @@ def run_bench(o: BenchOptions) -> None:
     check_writable(o.output, "--output")
     check_writable(o.csv, "--csv")
     sim = o.profile is not None
-    flags, profiles = _sim_flags(o) if o.profile is not None else ({}, None)
+    flags, profiles = _sim_flags(o, o.profile) if o.profile is not None else ({}, None)
     url = str(o.url).rstrip("/")
     model, served, context = _model_and_context(o, sim, flags, profiles, url)
     wl = _load_workload(o, slo, sim, url, model, context)

@@ -92,7 +92,7 @@ def test_scraper_against_fake_server_sees_running_requests():
         with MetricsScraper(fs.url, interval_s=0.05) as sc:
             run_load_test_sync(LoadTestConfig(url=fs.url, warmup=0, rate=math.inf),
                                [Request("a b c", 3, 30)] * 6)
-            time.sleep(0.15)
+            assert _until(lambda: len(sc.points) >= 5)
         s = sc.summary()
         assert s.scrapes >= 5 and s.failures == 0
         assert s.max["running"] == 2.0  # the fake's limit, seen through /metrics
@@ -200,7 +200,7 @@ def fake_pynvml(monkeypatch, *, gpus: int = 2, fail_init: bool = False):
 def test_nvml_sampler_per_gpu_and_overall(monkeypatch):
     state = fake_pynvml(monkeypatch, gpus=2)
     with NvmlSampler(interval_s=0.02) as s:
-        time.sleep(0.15)
+        assert _until(lambda: len(s.samples) >= 6)  # 3 instants of 2 GPUs
     summary = s.summary()
     assert summary.available and len(summary.per_gpu) == 2
     g0, g1 = summary.per_gpu
@@ -218,7 +218,7 @@ def test_nvml_sampler_per_gpu_and_overall(monkeypatch):
 def test_nvml_sampler_only_selected_gpus(monkeypatch):
     fake_pynvml(monkeypatch, gpus=4)
     with NvmlSampler(interval_s=0.02, gpus=[2, 9]) as s:
-        time.sleep(0.05)
+        assert _until(lambda: len(s.samples) >= 1)
     assert [g.gpu for g in s.summary().per_gpu] == [2]
     assert telemetry.gpu_memory_used([1, 3]) == {1: 2 * 2**30, 3: 4 * 2**30}
     assert telemetry.gpu_process_pids() == {4242}
@@ -259,3 +259,13 @@ def test_server_waits_for_gpu_memory_release(monkeypatch):
     monkeypatch.setattr(time, "sleep", lambda s: None)
     srv._wait_gpu_released({777})
     assert calls["n"] == 3
+
+
+def _until(pred, timeout_s: float = 10.0) -> bool:  # noqa: ANN001
+    """Poll ``pred`` up to a deadline: the test waits for the event, not a delay."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -188,6 +188,41 @@ def test_refused_connection_is_a_connect_error() -> None:
     asyncio.run(body())
 
 
+def test_a_cancel_as_the_connect_completes_cancels_and_closes_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A load test that stops cancels every request in flight. A cancel that lands in
+    the same loop turn as the connect's completion must still cancel the request, and the
+    new connection must be closed, not kept or used."""
+    closed: list[bool] = []
+
+    class Connected:
+        def close(self) -> None:
+            closed.append(True)
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        gate = asyncio.Event()
+
+        async def create_connection(*args: object, **kwargs: object) -> tuple[None, Connected]:
+            await gate.wait()
+            return None, Connected()
+
+        monkeypatch.setattr(loop, "create_connection", create_connection)
+        client = HttpClient("http://127.0.0.1:9")
+        task = asyncio.create_task(client.send(client.build("GET", "/")))
+        for _ in range(3):
+            await asyncio.sleep(0)  # the send is now waiting for its connection
+        gate.set()  # the connect completes in the same turn as the cancel
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert closed == [True]
+
+
 def test_bad_url_is_refused() -> None:
     with pytest.raises(ValueError, match="not an http"):
         HttpClient("ftp://host")

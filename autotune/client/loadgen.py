@@ -319,6 +319,8 @@ class _Run:
                 await asyncio.sleep(wait)
             while clock() < target:
                 await asyncio.sleep(0)
+            if self.stopping:
+                break  # the watcher stopped the test while this request waited its turn
             warm = i < n_warm
             record = RequestRecord(
                 index=i - n_warm, scheduled_s=target, dispatched_s=clock(),
@@ -333,6 +335,10 @@ class _Run:
         self.dispatch_done = True
         if self.pending == 0:
             self.finished.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self.abort_reason is not None or self.callback_error is not None
 
     async def send(self, record: RequestRecord, payload: Any) -> None:
         task = asyncio.current_task()
@@ -384,6 +390,14 @@ class _Run:
                 self.on_progress(self.measured_done, self.num_measured)
         if self.dispatch_done and self.pending == 0:
             self.finished.set()
+
+    def close_unstarted(self) -> None:
+        # A task cancelled before its first step never runs its own ``finally``.
+        now = time.perf_counter()
+        for record in self.records:
+            if record.end_s is None:
+                record.error = record.error or f"aborted: {self.abort_reason or 'stopped'}"
+                record.end_s = now
 
     async def stream(self, record: RequestRecord, payload: Any) -> None:
         reader = StreamReader(record)
@@ -562,6 +576,7 @@ async def run_load_test(
                 for task in list(run.tasks):
                     task.cancel()
                 await asyncio.gather(dispatcher, *run.tasks, return_exceptions=True)
+                run.close_unstarted()
         finally:
             for own in (dispatcher, watcher):
                 if own is not None and not own.done():

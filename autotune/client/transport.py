@@ -150,6 +150,12 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
+def _close_connected(task: asyncio.Task[tuple[asyncio.BaseTransport, _Connection]]) -> None:
+    # A connection that completes after its request was given up is closed, not leaked.
+    if not task.cancelled() and task.exception() is None:
+        task.result()[1].close()
+
+
 class HttpClient:
     """Keep-alive HTTP/1.1 to one server; as many connections as requests in flight."""
 
@@ -223,13 +229,24 @@ class HttpClient:
         if self._closed:
             raise TransportError("client is closed")
         loop = asyncio.get_running_loop()
+        # Not asyncio.wait_for: before Python 3.12 it returns the connection and drops a
+        # cancel that lands as the connect completes, so a pruned load test waited for
+        # that request's whole response.
+        connecting = loop.create_task(
+            loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl))
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(_Connection, self.host, self.port, ssl=self.ssl),
-                self.connect_timeout_s)
-        except asyncio.TimeoutError:
+            done, _ = await asyncio.wait({connecting}, timeout=self.connect_timeout_s)
+        except asyncio.CancelledError:
+            connecting.add_done_callback(_close_connected)
+            connecting.cancel()
+            raise
+        if not done:
+            connecting.add_done_callback(_close_connected)
+            connecting.cancel()
             raise ConnectError(f"connect to {self.host}:{self.port} timed out after "
-                               f"{self.connect_timeout_s:g} s") from None
+                               f"{self.connect_timeout_s:g} s")
+        try:
+            _, conn = connecting.result()
         except ssl.SSLError as exc:
             raise ConnectError(f"TLS handshake with {self.host}:{self.port} failed: "
                                f"{exc}") from None

@@ -17,13 +17,21 @@ from autotune.core.errors import AutotuneError
 from autotune.core.metrics import MEASURED
 from autotune.core.records import RequestRecord, WindowCallback
 from autotune.core.slo import SLO
-from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.arrivals import ClosedLoop, arrival_offsets
 from autotune.workload.sources import Request
 
 if TYPE_CHECKING:
     # The load plan carries the verdict's sizing rule; backends only ask it how many
     # requests a rate plans, so they need not import the tuning package.
     from autotune.tuning.verdict import SteadyState
+
+
+# A closed loop's test is planned as if each request took at least this long: its
+# users cannot send faster, so its requests last to the test's cap (which stops it).
+MIN_CYCLE_S = 0.25
+# The most measured requests one test plans (a closed loop with no think time and a
+# fast server would plan millions); the stop rule ends a test long before.
+MAX_PLANNED = 1_000_000
 
 
 @dataclass
@@ -47,25 +55,48 @@ class LoadPlan:
     # clock: a test sized by time that is running then stops there, with whatever
     # verdict its evidence supports.
     deadline_s: float | None = None
+    # Closed-loop load: the test's ``rate`` argument is then its number of users
+    # (ClosedLoop.users), and the arrival process, burstiness and max_concurrency are
+    # unused.  None: open loop at ``rate`` req/s.
+    closed: ClosedLoop | None = None
+
+    def offered_rate(self, rate: float) -> float:
+        """The request rate a test at ``rate`` offers whatever the server does: a closed
+        loop offers none of its own (its users wait for the server), which the verdict
+        reads as "judge the arrivals as they came"."""
+        return math.inf if self.closed is not None else rate
+
+    def sizing_rate(self, rate: float) -> float:
+        """The request rate a test's length is planned for: a closed loop's users can
+        send no faster than one request per think time plus MIN_CYCLE_S each."""
+        if self.closed is None:
+            return rate
+        users = ClosedLoop.users(rate)
+        return users / (self.closed.think_s + MIN_CYCLE_S)
 
     def measured_for(self, rate: float) -> list[Request]:
         """The measured requests a test at ``rate`` plans: the pool itself, or, when the
         test is sized by time, as many as its cap's duration needs (cycling the pool)."""
         if self.steady is None or not self.requests:
             return list(self.requests)
-        n = self.steady.arrivals_for(self.slo, rate)
+        n = min(self.steady.arrivals_for(self.slo, self.sizing_rate(rate)), MAX_PLANNED)
         pool = self.requests
         return [pool[i % len(pool)] for i in range(n)]
 
     def planned_span_s(self, rate: float) -> float:
-        """When the last measured request is scheduled (from the first)."""
+        """When the last measured request is scheduled (from the first); for a closed
+        loop, when it would be at the most its users can send."""
         n = len(self.measured_for(rate))
+        if self.closed is not None:
+            return n / self.sizing_rate(rate)
         off = arrival_offsets(self.warmup + n, rate, process=self.process,  # type: ignore[arg-type]
                               burstiness=self.burstiness, seed=self.seed)
         return float(off[-1] - off[self.warmup]) if len(off) else 0.0
 
     def warmup_span_s(self, rate: float) -> float:
         """When the first measured request is scheduled (from the first warm-up one)."""
+        if self.closed is not None:
+            return self.warmup / self.sizing_rate(rate)
         if not self.warmup or not (rate > 0 and math.isfinite(rate)):
             return 0.0
         off = arrival_offsets(self.warmup + 1, rate, process=self.process,  # type: ignore[arg-type]

@@ -66,12 +66,16 @@ class ServerBackend(Backend):
         return data
 
     def load_test(self, rate: float, plan: LoadPlan, on_window: WindowCallback | None) -> LoadRun:
+        closed = plan.closed
+        shape: dict[str, Any] = (
+            dict(rate=rate, process=plan.process, burstiness=plan.burstiness,
+                 max_concurrency=plan.max_concurrency) if closed is None else
+            dict(users=closed.users(rate), think_s=closed.think_s, think=closed.think))
         cfg = LoadTestConfig(
-            url=self.server.endpoint, model=self.model, endpoint=self.endpoint, rate=rate,
-            process=plan.process, burstiness=plan.burstiness,
-            max_concurrency=plan.max_concurrency, warmup=plan.warmup,
-            request_timeout_s=plan.request_timeout_s, api_key=self.api_key, seed=plan.seed,
-            window_s=plan.window_s, transport=self.transport)
+            url=self.server.endpoint, model=self.model, endpoint=self.endpoint,
+            warmup=plan.warmup, request_timeout_s=plan.request_timeout_s,
+            api_key=self.api_key, seed=plan.seed, window_s=plan.window_s,
+            transport=self.transport, **shape)
         sampler = _nvml_sampler() if self.nvml else None
         t0 = time.monotonic()
         try:

@@ -81,13 +81,21 @@ class SimBackend(Backend):
         pool = plan.warmup_requests or plan.requests
         warm = [pool[i % len(pool)] for i in range(n_warm)]
         reqs = warm + plan.measured_for(rate)
-        arrivals = arrival_offsets(len(reqs), rate, process=plan.process,  # type: ignore[arg-type]
-                                   burstiness=plan.burstiness, seed=plan.seed)
+        closed = plan.closed
+        think = None
+        if closed is None:
+            arrivals = arrival_offsets(len(reqs), rate, process=plan.process,  # type: ignore[arg-type]
+                                       burstiness=plan.burstiness, seed=plan.seed)
+        else:  # the same users, think times and seed as the HTTP load generator's
+            arrivals = closed.starts(closed.users(rate), plan.seed)
+            think = closed.think_times(len(reqs), plan.seed)
         try:
             res = self._engine.simulate(self._config, self.hardware, self.model, reqs,
                                         arrivals, warmup=n_warm,
-                                        max_concurrency=plan.max_concurrency,
-                                        on_window=on_window, window_s=plan.window_s)
+                                        max_concurrency=(plan.max_concurrency
+                                                         if closed is None else None),
+                                        on_window=on_window, window_s=plan.window_s,
+                                        think_s=think)
         except self._cfg.ConfigRefused as exc:
             self._flags = None
             raise TrialFailed("refused", str(exc)) from None

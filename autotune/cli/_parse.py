@@ -13,6 +13,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.slo import SLO, SLOError, combine, parse_duration
 from autotune.sim.profiles import load_hardware
 from autotune.study.space import SearchSpace
+from autotune.tuning.load_unit import LoadUnit
 from autotune.tuning.options import (
     OptionsError,
     ServerOptions,
@@ -31,6 +32,14 @@ def duration(name: str, text: str | None) -> float | None:
         return parse_duration(text)
     except SLOError as exc:
         raise OptionsError(f"{name}: {exc}") from None
+
+
+def load_unit(by: str, think_time: str | None, think: str) -> LoadUnit:
+    """``--by`` with ``--think-time`` and ``--think`` as one load unit."""
+    try:
+        return LoadUnit.of(by, duration("--think-time", think_time), think)
+    except ValueError as exc:
+        raise OptionsError(str(exc)) from None
 
 
 def parse_profile(text: str | None, space_profile: dict[str, Any], gpus: int | None

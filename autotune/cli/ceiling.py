@@ -1,4 +1,5 @@
-"""``autotune ceiling``: the highest request rate one config sustains under the SLO.
+"""``autotune ceiling``: the highest load one config sustains under the SLO, in req/s,
+requests in flight, or users who think between requests (``--by``).
 
 This module only parses: the options, and with ``--study``/``--trial`` what that
 study's search fixed, become one :class:`autotune.search.ceiling_run.CeilingOptions`,
@@ -38,6 +39,7 @@ from autotune.cli._options import (
 )
 from autotune.cli._parse import (
     backend_kind,
+    load_unit,
     parse_slo,
     parse_steady,
     parse_validate,
@@ -58,6 +60,17 @@ class Backend(str, Enum):
     attach = "attach"
 
 
+class By(str, Enum):
+    rate = "rate"
+    concurrency = "concurrency"
+    users = "users"
+
+
+class Think(str, Enum):
+    exponential = "exponential"
+    fixed = "fixed"
+
+
 class Dataset(str, Enum):
     sharegpt = "sharegpt"
     synthetic = "synthetic"
@@ -75,6 +88,15 @@ INHERITED = {
 
 # The options only `ceiling` takes, one line each in its signature.
 Int = Annotated[int | None, typer.Option()]
+ByOpt = Annotated[By, typer.Option(
+    help="What the ceiling counts: rate (open-loop Poisson req/s), concurrency (requests "
+         "kept in flight, each sent when the last ended) or users (each thinks "
+         "--think-time between its requests).")]
+ThinkTime = Annotated[str | None, typer.Option(
+    help="--by users: a user's mean think time between a reply and its next request, "
+         "e.g. 20s.")]
+ThinkOpt = Annotated[Think, typer.Option(
+    help="Think-time distribution: exponential (mean --think-time) or fixed.")]
 ChunkedPrefill = Annotated[bool | None, typer.Option(
     "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill.",
     show_default=False)]
@@ -147,9 +169,11 @@ def ceiling(  # one line per option, each defined above or in cli._options
     input_len: InputLen = 256, output_len: OutputLen = 128, tokenizer: Tokenizer = None,
     output: Output = None, csv_path: CsvPath = None, min_duration: MinDuration = None,
     max_duration: MaxDuration = None, validate: Validate = "5m",
-    backlog_share: BacklogShare = 0.02,
+    backlog_share: BacklogShare = 0.02, by: ByOpt = By.rate, think_time: ThinkTime = None,
+    think: ThinkOpt = Think.exponential,
 ) -> None:
-    """Find the highest request rate that meets the SLO with confidence, and a cap."""
+    """Find the highest load (req/s, in flight or users) that meets the SLO with
+    confidence, and a cap."""
     with one_line_errors():
         trial_, settings = _stored_trial(study, trial, storage, studies_dir)
         take = Inherited(ctx, settings)
@@ -159,8 +183,11 @@ def ceiling(  # one line per option, each defined above or in cli._options
                   "enable_chunked_prefill": enable_chunked_prefill,
                   "max_model_len": max_model_len}
         n = take("num_prompts", num_prompts)
+        # A study's rates (its replayed start, its space's bounds) are req/s: a search
+        # by users takes none of them.
+        by_rate = by is By.rate
         start, must_pass = (replay_start(trial_) if trial_ is not None and start_rate is None
-                            else (start_rate, False))
+                            and by_rate else (start_rate, False))
         rates = RateSearch(tol=take("tol", tol), max_probes=take("max_probes", max_probes),
                            headroom=take("headroom", headroom))
         options = CeilingOptions(
@@ -181,8 +208,10 @@ def ceiling(  # one line per option, each defined above or in cli._options
                            take("max_duration", max_duration), n,
                            take("backlog_share", backlog_share), rates.max_probes),
             rates=rates, start_rate=start, first_must_pass=must_pass,
+            unit=load_unit(by.value, think_time, think.value),
             max_num_prompts=max_num_prompts, repeats=repeats, confidence=confidence,
-            min_rate=take("min_rate", min_rate), max_rate=take("max_rate", max_rate),
+            min_rate=take("min_rate", min_rate) if by_rate else min_rate,
+            max_rate=take("max_rate", max_rate) if by_rate else max_rate,
             prune=not no_prune, validate_s=parse_validate(validate), output=output,
             csv_path=csv_path, studies_dir=studies_dir)
         code = run_ceiling(options)

@@ -1,8 +1,12 @@
-"""Open-loop HTTP load generator: one arrival schedule, streaming SSE, one record each.
+"""HTTP load generator: open-loop (one arrival schedule) or closed-loop (virtual users),
+streaming SSE, one record each.
 
-One dispatcher coroutine sleeps until each scheduled send time and releases the
-request; warm-up requests come first on the same schedule, so the measured window
-starts with the server in steady state.  Each request streams from the server's
+Open loop: one dispatcher coroutine sleeps until each scheduled send time and releases
+the request; warm-up requests come first on the same schedule, so the measured window
+starts with the server in steady state.  Closed loop (``users``): each virtual user
+sends its next request when its previous one ends, after a think time
+(:class:`~autotune.workload.arrivals.ClosedLoop`); a request's ``scheduled_s`` is when
+its user sent it.  Each request streams from the server's
 OpenAI-compatible API with ``stream_options.include_usage`` (exact token counts) and
 ``max_tokens`` + ``ignore_eos`` (exactly the asked output length).  A request never
 raises: whatever went wrong ends up in its record's ``error``, as ``"kind: detail"``.
@@ -28,7 +32,7 @@ from autotune.client.sse import StreamReader
 from autotune.client.transport import BodySink, ConnectError, HttpClient, TransportError
 from autotune.core.errors import AutotuneError
 from autotune.core.records import RequestRecord, WindowCallback
-from autotune.workload.arrivals import PROCESSES, arrival_offsets
+from autotune.workload.arrivals import PROCESSES, ClosedLoop, arrival_offsets
 from autotune.workload.sources import Request
 
 # httpcore tries ``import sniffio`` on every request; when it is not installed, each
@@ -73,9 +77,24 @@ class LoadTestConfig:
     # "aiohttp": httpx's API on aiohttp (httpx-aiohttp); "httpx": httpx's own transport,
     # for what the native client leaves out on purpose (proxies, HTTP/2).
     transport: str = "native"
+    # Closed loop: this many virtual users, each sending when its previous request ended
+    # and its think time passed (``rate``, ``process`` and ``burstiness`` then unused).
+    users: int | None = None
+    think_s: float = 0.0  # mean think time between a user's requests
+    think: str = "exponential"  # "exponential" | "fixed"
 
     def __post_init__(self) -> None:
         self.url = normalize_url(self.url)
+        if self.users is not None:
+            if self.users < 1:
+                raise LoadGenError(f"a closed loop needs at least 1 user, got {self.users}")
+            if self.max_concurrency is not None:
+                raise LoadGenError("a closed loop keeps one request in flight per user: "
+                                   "leave max_concurrency unset")
+        try:
+            ClosedLoop(think_s=self.think_s, think=self.think)
+        except ValueError as exc:
+            raise LoadGenError(str(exc)) from None
         if self.endpoint not in ENDPOINTS:
             raise LoadGenError(
                 f"unknown endpoint {self.endpoint!r}; use one of {', '.join(ENDPOINTS)}")
@@ -282,6 +301,24 @@ def _describe(exc: BaseException) -> str:
     return f"client error: {type(exc).__name__}: {text}"
 
 
+@dataclass
+class _Turns:
+    """The closed loop's shared queue of requests: the k-th send of any user is request
+    k (warm-up ones first), followed by its user's think time ``think[k]``."""
+
+    payloads: list[Any]
+    expected: list[int]
+    think: list[float]
+    n_warm: int
+    next: int = 0
+
+    def take(self) -> int | None:
+        if self.next >= len(self.payloads):
+            return None
+        self.next += 1
+        return self.next - 1
+
+
 class _Run:
     """State of one load test on one event loop."""
 
@@ -332,6 +369,38 @@ class _Run:
             task = loop.create_task(self.send(record, payloads[i]))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
+        self.dispatch_done = True
+        if self.pending == 0:
+            self.finished.set()
+
+    async def user(self, start: float, turns: _Turns) -> None:
+        """One virtual user: send, wait for the end, think, send the next."""
+        loop = asyncio.get_running_loop()
+        wait = start - time.perf_counter()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        while not self.stopping:
+            i = turns.take()
+            if i is None:
+                return
+            now = time.perf_counter()
+            warm = i < turns.n_warm
+            record = RequestRecord(
+                index=i - turns.n_warm, scheduled_s=now, dispatched_s=now,
+                expected_output_tokens=turns.expected[i], warmup=warm)
+            self.records.append(record)
+            if not warm:
+                self.measured.append(record)
+            self.pending += 1
+            task = loop.create_task(self.send(record, turns.payloads[i]))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+            await asyncio.wait({task})  # not the task itself: a stop cancels it, not us
+            if turns.think[i] > 0:
+                await asyncio.sleep(turns.think[i])
+
+    async def users(self, starts: Sequence[float], turns: _Turns) -> None:
+        await asyncio.gather(*(self.user(t, turns) for t in starts))
         self.dispatch_done = True
         if self.pending == 0:
             self.finished.set()
@@ -559,12 +628,23 @@ async def run_load_test(
             if not models:
                 raise LoadGenError(f"server at {config.url} serves no model")
             model = models[0]
-        payloads = [client.prepare(_payload(config, model, r)) for r in plan]
+        # A test sized by time cycles its pool: each distinct request is encoded once.
+        prepared: dict[int, Any] = {}
+        payloads = [prepared[id(r)] if id(r) in prepared else
+                    prepared.setdefault(id(r), client.prepare(_payload(config, model, r)))
+                    for r in plan]
         expected = [r.output_tokens for r in plan]
         run = _Run(config, model, client, on_window, on_progress, len(requests))
         start = time.perf_counter() + 0.002  # let the dispatcher task get going
-        dispatcher = asyncio.create_task(run.dispatch(start, offsets, payloads, expected,
-                                                      len(warm)))
+        if config.users is None:
+            dispatcher = asyncio.create_task(run.dispatch(start, offsets, payloads, expected,
+                                                          len(warm)))
+        else:
+            closed = ClosedLoop(think_s=config.think_s, think=config.think)
+            turns = _Turns(payloads, expected, closed.think_times(len(plan), config.seed
+                                                                 ).tolist(), len(warm))
+            starts = (start + closed.starts(config.users, config.seed)).tolist()
+            dispatcher = asyncio.create_task(run.users(starts, turns))
         watcher = asyncio.create_task(run.watch()) if on_window is not None else None
         try:
             await run.finished.wait()

@@ -34,6 +34,7 @@ from autotune.tuning.ceiling import (
     format_seconds,
     lent_evidence,
 )
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.options import (
     OptionsError,
     RateSearch,
@@ -65,6 +66,7 @@ class CeilingOptions:
     steady: SteadyState = field(default_factory=SteadyState)
     rates: RateSearch = field(default_factory=RateSearch)
     start_rate: float | None = None  # None: a saturation probe first
+    unit: LoadUnit = RATE  # what the levels count: req/s, or users of a closed loop
     first_must_pass: bool = False  # a replayed trial's first rate had to beat the best
     max_num_prompts: int = 2400
     repeats: int = 1
@@ -78,6 +80,17 @@ class CeilingOptions:
     studies_dir: Path = Path("studies")  # the launched server's logs: ceiling/logs
 
     def __post_init__(self) -> None:
+        if self.unit.whole:
+            given = [flag for flag, value in (("--start-rate", self.start_rate),
+                                              ("--min-rate", self.min_rate),
+                                              ("--max-rate", self.max_rate))
+                     if value is not None]
+            if given:
+                one = len(given) == 1
+                raise OptionsError(f"{', '.join(given)} {'takes' if one else 'take'} req/s: "
+                                   f"with --by {self.unit.by} the search starts from a "
+                                   f"saturation probe; drop {'it' if one else 'them'}, or "
+                                   "use --by rate")
         if self.start_rate is not None and not (self.start_rate > 0
                                                 and math.isfinite(self.start_rate)):
             raise OptionsError(f"--start-rate must be a finite rate above 0 req/s, got "
@@ -169,9 +182,16 @@ def _start_probe(o: CeilingOptions, backend: Backend, where: str, wl: Any,
               f"workload {wl.source} ({len(pool)} requests, tokens counted with "
               f"{wl.tokenizer}); {w.warmup} warm-up requests per probe excluded"
               + ("; every figure is simulated" if o.simulated else ""), soft_wrap=True)
-    out.print(header(o.simulated), soft_wrap=True, highlight=False)
+    closed = o.unit.closed
+    if closed is not None:
+        out.print(f"load: a closed loop of {closed.describe()} (each sends its next request "
+                  "when its reply ends" + (" and its think time passes" if closed.think_s
+                                           else "") + "); the search counts "
+                  f"{o.unit.label}, and its saturation and light-load tests are open loop",
+                  soft_wrap=True)
+    out.print(header(o.simulated, o.unit), soft_wrap=True, highlight=False)
     probe = BackendProbe(backend, o.flags, slo, pool, warmup=w.warmup, seed=w.seed,
-                         prune=o.prune, steady=steady)
+                         prune=o.prune, steady=steady, unit=o.unit)
     out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals before it may "
               f"pass, up to {_cap_phrase(steady, slo)}, stopped when its steady-state "
               f"verdict is certain; each limit passes when a sequential test shows "
@@ -197,7 +217,7 @@ def _search(o: CeilingOptions, probe: BackendProbe, seen: list[Probe]) -> Ceilin
 
     def on_probe(p: Probe) -> None:
         seen.append(p)
-        console.print(probe_line(p, o.simulated), soft_wrap=True, highlight=False)
+        console.print(probe_line(p, o.simulated, o.unit), soft_wrap=True, highlight=False)
 
     return find_ceiling(
         probe, slo=slo, start_rate=o.start_rate, tol=o.rates.tol,
@@ -205,8 +225,9 @@ def _search(o: CeilingOptions, probe: BackendProbe, seen: list[Probe]) -> Ceilin
         num_prompts=o.workload.num_prompts, max_num_prompts=o.max_num_prompts,
         repeats=o.repeats, confidence=o.confidence, headroom=o.rates.headroom,
         min_rate=o.min_rate, max_rate=o.max_rate,
-        lowest_rate=steady.lowest_rate(slo), on_probe=on_probe,
-        proof_cap_s=PROOF_CAP_S if steady.max_duration_s is None else steady.max_s(slo))
+        lowest_rate=None if o.unit.whole else steady.lowest_rate(slo), on_probe=on_probe,
+        proof_cap_s=PROOF_CAP_S if steady.max_duration_s is None else steady.max_s(slo),
+        unit=o.unit)
 
 
 def _validate_cap(o: CeilingOptions, result: CeilingResult, backend: Backend,
@@ -220,16 +241,17 @@ def _validate_cap(o: CeilingOptions, result: CeilingResult, backend: Backend,
         # is already the long run, at a rate above the cap.
         result.notes.append(
             f"no separate validation: the proof is the long run ("
-            f"{_proof_span(result)} of arrivals at {result.feasible_max:.4g} req/s, "
+            f"{_proof_span(result)} of arrivals at "
+            f"{o.unit.fmt(result.feasible_max or math.nan)}, "
             f"above the cap)")
         return
     cap = float(result.recommended_cap)
-    console.print(f"validating the cap {cap:.4g} req/s for {o.validate_s / 60:g} min"
+    console.print(f"validating the cap {o.unit.fmt(cap)} for {o.validate_s / 60:g} min"
                   + (" (virtual time)" if o.simulated else ""), soft_wrap=True)
     result.validation = validate_cap(
         backend, o.flags, cap, probe.plan(o.workload.num_prompts, 0, cap),
         duration_s=o.validate_s, prior_for=lambda rate: lent_evidence(result.probes, rate),
-        on_run=lambda r: console.print(f"  {r.rate:.4g} req/s: {r.verdict} "
+        on_run=lambda r: console.print(f"  {o.unit.fmt(r.rate)}: {r.verdict} "
                                        f"({r.requests} requests judged)", soft_wrap=True,
                                        highlight=False))
 
@@ -303,9 +325,10 @@ def _s(x: float) -> str:
     return format_seconds(x).replace(" ", "")
 
 
-def probe_line(p: Any, simulated: bool) -> str:
+def probe_line(p: Any, simulated: bool, unit: LoadUnit = RATE) -> str:
     """One probe as a table row (printed as it finishes)."""
-    rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3f}"
+    rate = ("inf" if math.isinf(p.rate) else f"{p.rate:.0f}" if unit.whole
+            else f"{p.rate:.3f}")
     lims = "  ".join(f"{c.label} {_s(c.observed_s)} (≤{_s(c.bound_s)})" for c in p.checks)
     util = "-" if p.gpu_util is None else f"{p.gpu_util:.0%}"
     verdict = {"pass": "PASS"}.get(p.verdict, p.verdict)
@@ -322,7 +345,7 @@ def probe_line(p: Any, simulated: bool) -> str:
             f"{verdict:<12} {why}").rstrip()
 
 
-def header(simulated: bool) -> str:
+def header(simulated: bool, unit: LoadUnit = RATE) -> str:
     how = "simulated, virtual time" if simulated else "measured over HTTP"
     return (f"probes ({how}; n = requests judged, s = seconds of arrivals; P99 with its "
             "one-sided 95% upper bound in parentheses; req/s and tok/s: vLLM's throughput "
@@ -331,7 +354,8 @@ def header(simulated: bool) -> str:
             "even when it keeps up (the verdict judges keeping up); warm-up excluded; "
             "GPU = mean utilization, * = the "
             "simulator's busy share)\n"
-            f"{'#':>3} {'phase':<11} {'rate':>9} {'n':>6} {'s':>5} {'req/s':>8} {'tok/s':>9}  "
+            f"{'#':>3} {'phase':<11} {'rate' if not unit.whole else unit.label:>9} {'n':>6} "
+            f"{'s':>5} {'req/s':>8} {'tok/s':>9}  "
             f"{'latency (bound)':<40} {'GPU':>5}  result")
 
 
@@ -355,11 +379,12 @@ def details(result: Any) -> list[str]:
     lines = []
     unit = "virtual" if result.simulated else "wall"
     cost = "" if result.server_s is None else f", {result.server_s:.0f} s server time ({unit})"
+    level = result.unit.fmt if result.unit.whole else (lambda x: f"{x:.3f} req/s")
     if result.feasible_max is not None:
         hi = ("none found" if result.infeasible_min is None
-              else f"{result.infeasible_min:.3f} req/s")
+              else level(result.infeasible_min))
         lines.append(
-            f"ceiling: feasible_max {result.feasible_max:.3f} req/s, infeasible_min {hi} "
+            f"ceiling: feasible_max {level(result.feasible_max)}, infeasible_min {hi} "
             f"({'converged' if result.converged else 'not converged'} to tol "
             f"{result.tol:.1%}); binding limit {result.binding}; "
             f"{result.search_probes} search probes + "

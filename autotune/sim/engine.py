@@ -11,6 +11,12 @@ them, so TTFT, ITL and E2E are what a client waits for.  Client-side events (arr
 completions the client has seen) are then applied in time order apart from the engine's
 steps.  With no front-end cost the engine runs exactly as without one.
 
+Load is open-loop (each request sent at a time fixed in advance, optionally behind a
+client-side concurrency cap) or closed-loop (``think_s``): virtual users each send a
+request, wait for it to end, think, and send the next, so the send times depend on
+the latencies the engine gives.  Pending sends are then a heap of the users' next
+sends; the engine stops at the earliest as it stops at an open-loop arrival.
+
 Speed: a step costs O(prefills + finishes) (see ``scheduler``), and stretches of
 decode-only steps with no arrival, finish, KV-block shortage or window boundary in
 between are costed and applied at once: in numpy (front end included), or, for a
@@ -26,7 +32,7 @@ import math
 from array import array
 from bisect import bisect_right
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from itertools import cycle, islice
 from typing import Any
@@ -232,7 +238,7 @@ class _Run:
 
     def __init__(self, setup: EngineSetup, requests: Sequence[Request], arrivals: np.ndarray,
                  warmup: int, max_concurrency: int | None, on_window: WindowCallback | None,
-                 window_s: float) -> None:
+                 window_s: float, think_s: np.ndarray | None = None) -> None:
         self.setup = setup
         self.cost = CostModel.for_setup(setup)
         self.sched = Scheduler.for_setup(setup)
@@ -240,10 +246,26 @@ class _Run:
         # None: the front end costs nothing, and the engine runs as if it did not exist.
         self.fe = FrontEnd(costs) if costs.active else None
         self.requests = requests
-        order = np.argsort(arrivals, kind="stable")
         # Python lists: the loop reads them one element at a time (numpy scalars are slow).
-        self.order: list[int] = order.tolist()
-        self.arrival_times: list[float] = arrivals[order].tolist()
+        # Open loop: sends in arrival order, fixed in advance.  Closed loop (``think``):
+        # each user's next send is known only once its request ends, so pending sends are
+        # a heap of (time, user); the arrival source is chosen here, once, so the open
+        # loop's path stays as it was.
+        self.closed = think_s is not None
+        self.think: list[float] = [] if think_s is None else think_s.tolist()
+        self.dispatch_until: Callable[[float], None]
+        if not self.closed:
+            order = np.argsort(arrivals, kind="stable")
+            self.order: list[int] = order.tolist()
+            self.arrival_times: list[float] = arrivals[order].tolist()
+            self.pending: list[tuple[float, int]] = []
+            self.dispatch_until = self._dispatch_until
+        else:
+            self.order, self.arrival_times = [], []
+            self.pending = [(t, u) for u, t in enumerate(arrivals.tolist())]
+            heapq.heapify(self.pending)
+            self.dispatch_until = self._dispatch_closed_until
+        self.user_of: list[int] = [0] * len(requests) if self.closed else []
         self.warmup = warmup
         self.max_concurrency = max_concurrency
         self.on_window = on_window
@@ -255,8 +277,10 @@ class _Run:
         self.measured: list[RequestRecord] = []
         self.gated: deque[int] = deque()
         self.inflight = 0
-        self.next_arrival = 0  # position in self.order
-        self.t_arrival = self._arrival_time()  # when that arrival comes (inf: none left)
+        self.next_arrival = 0  # open loop: position in self.order; closed: requests sent
+        # When the next send comes (inf: none pending); the loop and the decode stretches
+        # stop there, so it is always the earliest pending send.
+        self.t_arrival = self._closed_time() if self.closed else self._arrival_time()
         self.next_boundary = window_s if on_window is not None else float("inf")
         self.aborted = False
         # Front end only: requests it is taking in, (time the scheduler sees it, rid) ...
@@ -271,11 +295,17 @@ class _Run:
             return math.inf
         return self.arrival_times[self.next_arrival]
 
+    def _closed_time(self) -> float:
+        """Closed loop: the earliest pending send (inf when none, or no request is left)."""
+        if self.next_arrival >= len(self.requests) or not self.pending:
+            return math.inf
+        return self.pending[0][0]
+
     def _client_until(self, t: float) -> None:
         """Apply the client's events up to ``t``: arrivals and, with a front end, the ends
         it delivers, in time order (an end frees its slot before a same-time arrival)."""
         if self.fe is None:
-            self._dispatch_until(t)
+            self.dispatch_until(t)
             return
         delivery = self.delivery
         while True:
@@ -285,7 +315,7 @@ class _Run:
                 _, i = heapq.heappop(delivery)
                 self._deliver(i, td)
             elif ta <= t:
-                self._dispatch_until(ta)
+                self.dispatch_until(ta)
             else:
                 return
 
@@ -295,20 +325,39 @@ class _Run:
             i = self.order[self.next_arrival]
             self.next_arrival += 1
             self.t_arrival = self._arrival_time()
-            req = self.requests[i]
-            # Same conventions as the HTTP load generator: measured requests are numbered
-            # from 0 (warm-up ones negative); token counts arrive with the usage chunk.
-            rec = RequestRecord(
-                index=i - self.warmup, scheduled_s=at, dispatched_s=at,
-                expected_output_tokens=req.output_tokens, warmup=i < self.warmup,
-            )
-            self.records[i] = rec
-            if not rec.warmup:
-                self.measured.append(rec)
+            self._record(i, at)
             if self.max_concurrency is not None and self.inflight >= self.max_concurrency:
                 self.gated.append(i)
             else:
                 self._send(i, at)
+
+    def _dispatch_closed_until(self, t: float) -> None:
+        """Closed loop: send, in time order, every request whose user sends it by ``t``;
+        the k-th send takes ``requests[k]``.  No gate: a user has one request in flight."""
+        pending, last = self.pending, len(self.requests) - 1
+        while self.t_arrival <= t:
+            at, user = heapq.heappop(pending)
+            k = self.next_arrival
+            self.next_arrival = k + 1
+            if k == last:
+                pending.clear()  # the other users have nothing left to send
+            # Before the send: a refusal ends at once and may push an earlier send.
+            self.t_arrival = pending[0][0] if pending else math.inf
+            self.user_of[k] = user
+            self._record(k, at)
+            self._send(k, at)
+
+    def _record(self, i: int, at: float) -> None:
+        """The record of request ``i``, scheduled (and dispatched) at ``at``."""
+        # Same conventions as the HTTP load generator: measured requests are numbered
+        # from 0 (warm-up ones negative); token counts arrive with the usage chunk.
+        rec = RequestRecord(
+            index=i - self.warmup, scheduled_s=at, dispatched_s=at,
+            expected_output_tokens=self.requests[i].output_tokens, warmup=i < self.warmup,
+        )
+        self.records[i] = rec
+        if not rec.warmup:
+            self.measured.append(rec)
 
     def _send(self, i: int, t: float) -> None:
         rec = self.records[i]
@@ -325,7 +374,7 @@ class _Run:
                 heapq.heappush(self.delivery, (self.fe.take_request(t), i))
                 return
             rec.end_s = t
-            self._release_slot(t)
+            self._release_slot(i, t)
             return
         rec.status = 200
         seq = Seq(rid=i, prompt_tokens=req.prompt_tokens, max_output=req.output_tokens)
@@ -345,11 +394,32 @@ class _Run:
             self.in_front.discard(i)
             self.sched.add(self.seqs[i])
 
-    def _release_slot(self, t: float) -> None:
+    def _release_slot(self, i: int, t: float) -> None:
+        """The client has seen request ``i`` end at ``t`` (whatever the ending)."""
         self.inflight -= 1
+        if self.closed:
+            self._user_next(i, t)
+            return
         while self.gated and (self.max_concurrency is None
                               or self.inflight < self.max_concurrency):
             self._send(self.gated.popleft(), t)
+
+    def _user_next(self, i: int, t: float) -> None:
+        """Closed loop: request ``i``'s user sends again after its think time."""
+        if self.next_arrival >= len(self.requests):
+            return
+        at = t + self.think[i]
+        heapq.heappush(self.pending, (at, self.user_of[i]))
+        # It may come before every pending send, and the loop and the stretches stop at
+        # ``t_arrival``.  It never comes before the start of a step already taken, so no
+        # step ran without seeing it: without a front end, a decode stretch stops short
+        # of the step in which a sequence finishes (``decode_stretch_limit``), so a
+        # finish comes at the engine's time, and a refusal at its own send, which
+        # stretches stop before; with one, stretches also stop before the send each end
+        # still on its way to the client leads to (``_front_stretch_event``).  At worst
+        # it falls inside the step just taken, as an open-loop arrival may.
+        if at < self.t_arrival:
+            self.t_arrival = at
 
     # ---- token times --------------------------------------------------------------
     def _flush(self, seq: Seq, rec: RequestRecord, upto: float = math.inf) -> None:
@@ -387,7 +457,7 @@ class _Run:
         rec.end_s = t
         rec.prompt_tokens = seq.prompt_tokens
         del self.seqs[seq.rid]
-        self._release_slot(t)
+        self._release_slot(seq.rid, t)
 
     def _deliver(self, i: int, t: float) -> None:
         """Front end: at ``t`` the client has request ``i``'s last chunk (or its 400)."""
@@ -398,7 +468,7 @@ class _Run:
         rec = self.records[i]
         assert rec is not None
         rec.end_s = t
-        self._release_slot(t)
+        self._release_slot(i, t)
 
     # ---- windows --------------------------------------------------------------------
     def _fire_windows(self, until: float) -> None:
@@ -472,7 +542,7 @@ class _Run:
         now = 0.0
         while not self.aborted:
             if self.t_arrival <= now:
-                self._dispatch_until(now)
+                self.dispatch_until(now)
             if sched.idle:
                 t_next = self.t_arrival
                 if t_next == math.inf:
@@ -732,10 +802,16 @@ class _Run:
     def _front_stretch_event(self) -> float:
         """Front end: a stretch's steps start before this: the next hand-over (the
         scheduler may admit it) or client event that gives the front end work (an
-        arrival, or an end that lets a gated request go)."""
+        arrival, an end that lets a gated request go, or in a closed loop the send an
+        end leads to after its think time)."""
         event = self.t_arrival
-        if self.max_concurrency is not None and self.delivery:
-            event = min(event, self.delivery[0][0])
+        if self.delivery:
+            if self.max_concurrency is not None:
+                event = min(event, self.delivery[0][0])
+            elif self.closed and self.next_arrival < len(self.requests):
+                # Few ends are on their way at once: a scan costs less than a heap of sends.
+                think = self.think
+                event = min(event, min(td + think[i] for td, i in self.delivery))
         if self.handover:
             event = min(event, self.handover[0][0])
         return event
@@ -858,20 +934,46 @@ def simulate(
     max_concurrency: int | None = None,
     on_window: WindowCallback | None = None,
     window_s: float = 1.0,
+    think_s: Sequence[float] | np.ndarray | None = None,
 ) -> SimResult:
     """Run one load test in virtual time; every figure in the result is **simulated**.
 
-    ``requests[i]`` is sent at ``arrivals[i]`` seconds (only its token counts matter);
-    the first ``warmup`` requests are warm-up.  ``max_concurrency`` caps requests in
-    flight as the load generator does.  ``on_window(now, measured_records)`` is called at
-    every ``window_s`` boundary of virtual time; returning True aborts the test and
-    marks the requests in flight with error ``"aborted: pruned"``.  ``model=None`` loads
+    Open loop (``think_s=None``): ``requests[i]`` is sent at ``arrivals[i]`` seconds
+    (only its token counts matter); the first ``warmup`` requests are warm-up.
+    ``max_concurrency`` caps requests in flight as the load generator does.
+
+    Closed loop (``think_s`` given, one think time per request): ``arrivals`` are the
+    first sends of ``len(arrivals)`` virtual users (any number >= 1).  Requests are taken
+    in send order, over all users: the k-th sent is ``requests[k]`` (warm-up when
+    ``k < warmup``), and when the client sees it end at ``t`` (finished, or refused with
+    a 400) its user sends the next one at ``t + think_s[k]``, until ``len(requests)``
+    have been sent.  A record's ``scheduled_s``, ``dispatched_s`` and ``sent_s`` are that
+    send.  Each user has one request in flight, so ``max_concurrency`` must be None.
+
+    ``on_window(now, measured_records)`` is called at every ``window_s`` boundary of
+    virtual time; returning True aborts the test (nothing is sent after it) and marks
+    the requests in flight with error ``"aborted: pruned"``.  ``model=None`` loads
     ``config.model``.  Raises :class:`~autotune.sim.config.ConfigRefused` when vLLM would
-    refuse to start.
+    refuse to start, ValueError on inconsistent arguments.
     """
     arr = np.asarray(arrivals, dtype=np.float64)
-    if arr.shape != (len(requests),):
-        raise ValueError(f"got {len(requests)} requests but {arr.size} arrival offsets")
+    think: np.ndarray | None = None
+    if think_s is None:
+        if arr.shape != (len(requests),):
+            raise ValueError(f"got {len(requests)} requests but {arr.size} arrival offsets")
+    else:
+        if arr.ndim != 1 or arr.size < 1:
+            raise ValueError("a closed loop needs one first send per user (at least 1 "
+                             f"user), got arrival offsets of shape {arr.shape}")
+        think = np.asarray(think_s, dtype=np.float64)
+        if think.shape != (len(requests),):
+            raise ValueError(f"got {len(requests)} requests but {think.size} think times "
+                             "(a closed loop needs one per request)")
+        if len(think) and (not np.all(np.isfinite(think)) or think.min() < 0):
+            raise ValueError("think times must be finite and >= 0 seconds")
+        if max_concurrency is not None:
+            raise ValueError("max_concurrency must be None in a closed loop (each user has "
+                             f"one request in flight), got {max_concurrency}")
     if len(arr) and (not np.all(np.isfinite(arr)) or arr.min() < 0):
         raise ValueError("arrival offsets must be finite and >= 0 seconds")
     if not 0 <= warmup <= len(requests):
@@ -882,6 +984,6 @@ def simulate(
         raise ValueError(f"window_s must be > 0, got {window_s}")
     hw = _as_hardware(hardware)
     setup = resolve(config, hw, _as_model(model, config))
-    run = _Run(setup, requests, arr, warmup, max_concurrency, on_window, window_s)
+    run = _Run(setup, requests, arr, warmup, max_concurrency, on_window, window_s, think)
     end_time = run.run()
     return _stats(run, end_time)

@@ -37,6 +37,8 @@ from autotune.core.metrics import Summary
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, quantile
 from autotune.servers.telemetry import TelemetryError, wait_idle
+from autotune.tuning.load_unit import RATE, LoadUnit
+from autotune.tuning.load_unit import fmt_rate as _rate
 from autotune.tuning.sequential import ExceedanceTest
 from autotune.tuning.trial import INFEASIBLE, PRUNED, probe
 from autotune.tuning.verdict import (
@@ -338,16 +340,18 @@ class CeilingResult:
     # The proof near the floor, when the search ran one (feasible_max is its rate; it
     # stands as the long run: no validation follows it).
     proof: Proof | None = None
+    # What the levels (feasible_max, infeasible_min, each probe's rate) count.
+    unit: LoadUnit = RATE
 
     @property
     def recommended_cap(self) -> float | None:
-        """``headroom`` under the ceiling; after a validation, the rate it validated
+        """``headroom`` under the ceiling; after a validation, the level it validated
         (None when no run passed)."""
         if self.feasible_max is None:
             return None
         if self.validation is not None:
             return self.validation.rate
-        return self.feasible_max * (1.0 - self.headroom)
+        return self.unit.cap(self.feasible_max, self.headroom)
 
     @property
     def lowest_rate(self) -> float | None:
@@ -375,42 +379,43 @@ class CeilingResult:
         prefix = "simulated: " if self.simulated else ""
         if not self.feasible:
             low = self.lowest_rate
-            shown = _rate(low) if low is not None else "the lowest rate"
+            shown = self.unit.fmt(low) if low is not None else "the lowest rate"
             at_low = [p for p in self.probes if p.rate == low]
             if self.budget_spent and not any(p.verdict == "fail" for p in at_low):
                 if not at_low:
                     return (f"{prefix}not measured: the --budget ran out before its first "
                             "load test")
                 return (f"{prefix}not established: the --budget ran out during the load "
-                        f"test at {shown} req/s, before it could pass ({self.slo})")
+                        f"test at {shown}, before it could pass ({self.slo})")
             if self.below_floor:
                 floor = next((p for p in self.probes if p.phase == "floor"), None)
                 why = floor.note if floor is not None and floor.note else "light load fails"
                 return f"{prefix}no rate can meet the SLO ({self.slo}): {why}"
             if self.below_start:
-                return (f"{prefix}does not sustain {shown} req/s, the rate it needs to beat "
+                return (f"{prefix}does not sustain {shown}, the level it needs to beat "
                         f"the best config so far ({self.slo})")
             if at_low and all(p.verdict == "inconclusive" for p in at_low):
                 return (f"{prefix}not shown to meet the SLO ({self.slo}) at any rate down to "
-                        f"{shown} req/s: its load test reached its time cap without "
+                        f"{shown}: its load test reached its time cap without "
                         "steady-state evidence that the SLO holds (a fail for the ceiling; "
                         "see the notes for the lowest rate planned)")
             if at_low and all(p.verdict == "uncertain" for p in at_low):
-                return (f"{prefix}even {shown} req/s meets the SLO ({self.slo}) only by its "
+                return (f"{prefix}even {shown} meets the SLO ({self.slo}) only by its "
                         f"point estimate, not with {self.confidence:.0%} confidence: more "
                         "requests needed (raise max_num_prompts)")
-            return (f"{prefix}even {shown} req/s misses the SLO; the config cannot meet it "
+            return (f"{prefix}even {shown} misses the SLO; the config cannot meet it "
                     f"({self.slo})")
         probe = self.feasible_probe()
         assert probe is not None and self.feasible_max is not None
         cap = self.recommended_cap
         limits = _limits_phrase(self.slo, probe, self.confidence)
+        others = "" if not self.unit.whole else f" ({other_units(probe)})"
         head = "sustains" if self.infeasible_min is not None else "sustains at least"
         if cap is None:
-            return (f"{prefix}{head} {_rate(self.feasible_max)} req/s with {limits}; no cap: "
-                    f"{self.validation.sentence()}")
-        text = (f"{prefix}{head} {_rate(self.feasible_max)} req/s with {limits}; "
-                f"cap at {_rate(cap)} req/s")
+            return (f"{prefix}{head} {self.unit.fmt(self.feasible_max)}{others} with "
+                    f"{limits}; no cap: {self.validation.sentence()}")
+        text = (f"{prefix}{head} {self.unit.fmt(self.feasible_max)}{others} with "
+                f"{limits}; cap at {self.unit.fmt(cap)}")
         if self.budget_spent:
             text += " (partial: the --budget ran out before the search converged)"
         elif self.infeasible_min is None:
@@ -420,8 +425,14 @@ class CeilingResult:
         return text
 
     def to_dict(self) -> dict[str, Any]:
+        probe = self.feasible_probe()
         return {
             "answer": self.sentence(),
+            "by": self.unit.by,
+            "unit": self.unit.label,
+            "think_s": None if self.unit.closed is None else self.unit.closed.think_s,
+            "think": None if self.unit.closed is None else self.unit.closed.think,
+            "at_feasible_max": None if probe is None else load_figures(probe),
             "source": self.source,
             "slo": str(self.slo),
             "confidence": self.confidence,
@@ -451,22 +462,40 @@ class CeilingResult:
         }
 
 
+def load_figures(p: Probe) -> dict[str, float | None]:
+    """A probe's load in every unit: the request rate its users reached (or that
+    arrived), the requests in flight on average (Little's law: that rate times the
+    mean end-to-end latency) and the P99 end-to-end latency, over its judged requests."""
+    s = p.summary
+    ev = p.evidence
+    rate = ev.arrival_rate if ev is not None and ev.arrival_rate > 0 else (
+        s.request_throughput if s is not None else p.request_throughput)
+    e2e = None if s is None else s.e2e
+    return {"request_rate": _num(rate),
+            "in_flight_mean": None if e2e is None else _num(rate * e2e.mean),
+            "e2e_p99_s": None if e2e is None else _num(e2e.p99)}
+
+
+def other_units(p: Probe) -> str:
+    """"= 7.4 req/s, 38 in flight on average, P99 E2E 8.1 s": a probe's load in the
+    units its level is not in."""
+    f = load_figures(p)
+    parts = []
+    if f["request_rate"] is not None:
+        parts.append(f"= {_rate(f['request_rate'])} req/s")
+    if f["in_flight_mean"] is not None:
+        parts.append(f"{f['in_flight_mean']:.3g} in flight on average")
+    if f["e2e_p99_s"] is not None:
+        parts.append(f"P99 E2E {format_seconds(f['e2e_p99_s'])}")
+    return ", ".join(parts)
+
+
 def _num(x: float | None) -> float | None:
     if x is None or (isinstance(x, float) and (math.isinf(x) or math.isnan(x))):
         return None
     return x
 
 
-def _rate(r: float) -> str:
-    if math.isinf(r):
-        return "inf"
-    if r >= 100:
-        return f"{r:.0f}"
-    if r >= 10:
-        return f"{r:.1f}"
-    if r >= 1:
-        return f"{r:.2f}"
-    return f"{r:.3g}"
 
 
 def format_seconds(s: float) -> str:
@@ -586,8 +615,9 @@ class _Search:
     def __init__(self, probe: ProbeFn, slo: SLO, *, num_prompts: int, max_num_prompts: int,
                  max_probes: int, confidence: float,
                  on_probe: Callable[[Probe], None] | None,
-                 proof_cap_s: float | None = None) -> None:
+                 proof_cap_s: float | None = None, unit: LoadUnit = RATE) -> None:
         self.probe = probe
+        self.unit = unit
         self.slo = slo
         self.n = num_prompts
         self.max_n = max_num_prompts
@@ -655,7 +685,9 @@ class _Search:
                     and res.completion_rate < OVERLOAD_SHARE * sent)
             seen = (res.completion_rate if res.completion_rate is not None
                     else s.request_throughput)
-        overloaded = bool(math.isfinite(rate) and verdict != "pass" and (backlog or slow))
+        # A closed loop cannot overload: its users wait for the server.
+        overloaded = bool(math.isfinite(rate) and not self.unit.whole and verdict != "pass"
+                          and (backlog or slow))
         # The capacity in offered-rate units, the units every probe rate is in.
         capacity = seen * rate / sent if math.isfinite(rate) and sent > 0 else seen
         p = Probe(
@@ -677,7 +709,7 @@ class _Search:
         """After a test the budget cut short, nothing more can run."""
         if self.cut_at is not None:
             raise BudgetSpent(f"the --budget ran out during the load test at "
-                              f"{_rate(self.cut_at)} req/s, which was cut there")
+                              f"{self.unit.fmt(self.cut_at)}, which was cut there")
 
     def check_floor(self) -> None:
         """Before the search halves its rate: once, a light-load test of whether any
@@ -700,7 +732,7 @@ class _Search:
                             for c in p.checks if not c.bound_ok)
             new_n = min(2 * self.n, self.max_n)
             self.notes.append(
-                f"at {_rate(rate)} req/s the SLO was met but not with "
+                f"at {self.unit.fmt(rate)} the SLO was met but not with "
                 f"{self.confidence:.0%} confidence ({bad}): more requests needed; "
                 f"re-ran with {new_n} instead of {self.n} requests")
             self.n = new_n
@@ -708,7 +740,7 @@ class _Search:
                              note=f"more requests needed ({bad})")
         if p.verdict == "uncertain":
             self.notes.append(
-                f"at {_rate(rate)} req/s the SLO was met but its {self.confidence:.0%} "
+                f"at {self.unit.fmt(rate)} the SLO was met but its {self.confidence:.0%} "
                 f"bound was not, with {p.num_prompts} requests: not counted as passing "
                 f"(more requests needed; raise max_num_prompts above {self.max_n})")
         if p.overloaded and p.capacity_seen > 0:
@@ -748,7 +780,9 @@ class _Search:
             if k / n >= test.allowance or drift >= 0.0:
                 return None
             need = max(need, (d * math.log(test.false_pass) - test.llr(n, k)) / drift)
-        if PROOF_MARGIN * need / rate + horizon(self.slo) > self.proof_cap_s:
+        # Requests arrive at the level's rate, or at the rate a closed loop's users reached.
+        per_s = rate if not self.unit.whole else at[-1].evidence.arrival_rate
+        if not per_s > 0 or PROOF_MARGIN * need / per_s + horizon(self.slo) > self.proof_cap_s:
             return None
         return Proof(safe_share=PROOF_SAFE_SHARE, looks=looks,
                      max_duration_s=self.proof_cap_s)
@@ -758,7 +792,7 @@ class _Search:
         rest of the false-pass rate)."""
         self.proof = proof
         self.notes.append(
-            f"near the latency floor: the test at {_rate(rate)} req/s ran to its cap "
+            f"near the latency floor: the test at {self.unit.fmt(rate)} ran to its cap "
             f"with every limit's share under its allowance but not under half of it; one "
             f"long test there (the proof, stopped when decided, at most "
             f"{format_seconds(proof.max_duration_s)} of arrivals) judged it against "
@@ -853,6 +887,7 @@ def find_ceiling(
     then_down: bool = False,
     on_probe: Callable[[Probe], None] | None = None,
     proof_cap_s: float | None = None,
+    unit: LoadUnit = RATE,
 ) -> CeilingResult:
     """Search the highest rate that meets ``slo`` with ``confidence``; see the module doc.
 
@@ -876,7 +911,9 @@ def find_ceiling(
     sees each probe as it finishes (for a live table).  ``proof_cap_s`` (None: never):
     near the latency floor, one long test of at most this many seconds of arrivals
     may decide the rate that ran to its cap undecided (PROOF_SAFE_SHARE; the probe
-    must take ``proof``).
+    must take ``proof``).  ``unit``: what the levels count (``load_unit``); for users
+    of a closed loop the levels are whole, the start comes from the saturation probe
+    by Little's law, and there is no step-down comparison.
     """
     need = check_settings(slo, start_rate=start_rate, tol=tol, max_probes=max_probes,
                           num_prompts=num_prompts, max_num_prompts=max_num_prompts,
@@ -884,7 +921,8 @@ def find_ceiling(
                           min_rate=min_rate)
     search = _Search(probe, slo, num_prompts=max(num_prompts, need),
                      max_num_prompts=max_num_prompts, max_probes=max_probes,
-                     confidence=confidence, on_probe=on_probe, proof_cap_s=proof_cap_s)
+                     confidence=confidence, on_probe=on_probe, proof_cap_s=proof_cap_s,
+                     unit=unit)
     if num_prompts < need:
         search.notes.append(
             f"num_prompts raised from {num_prompts} to {need}: a {confidence:.0%} bound on "
@@ -899,7 +937,7 @@ def find_ceiling(
     binding = _binding(search, hi)
     saturated, saturated_how = _saturation(search, run)
     stepdown = (stepdown_probe_count(saturated, lo)
-                if saturated is not None and lo is not None else None)
+                if saturated is not None and lo is not None and not unit.whole else None)
 
     return CeilingResult(
         slo=slo, confidence=confidence, tol=tol, headroom=headroom,
@@ -909,9 +947,11 @@ def find_ceiling(
         saturated_throughput=saturated, saturated_how=saturated_how,
         stepdown_probes=stepdown,
         stepdown_rate=(stepdown_rate(saturated, lo)
-                       if saturated is not None and lo is not None else None),
+                       if saturated is not None and lo is not None and not unit.whole
+                       else None),
         spread=run.spread, notes=search.notes, below_start=run.below_start,
-        budget_spent=run.budget_spent, below_floor=run.below_floor, proof=search.proof)
+        budget_spent=run.budget_spent, below_floor=run.below_floor, proof=search.proof,
+        unit=unit)
 
 
 @dataclass(frozen=True)
@@ -950,12 +990,13 @@ def _run_search(search: _Search, *, start_rate: float | None, tol: float, repeat
             if not saturated > 0:
                 raise CeilingError(
                     "the saturation probe completed no request: check the server")
-            search.cap_est = saturated
-            start_rate = 0.7 * saturated
+            if not search.unit.whole:
+                search.cap_est = saturated
+            start_rate = search.unit.start(saturated, _service_s(sat))
         floor_rate = _floor_rate(search, start_rate, min_rate, lowest_rate)
         if max_rate is not None:
             start_rate = min(start_rate, max_rate)
-        start_rate = max(start_rate, floor_rate)
+        start_rate = search.unit.at(max(start_rate, floor_rate))
 
         if first_must_pass:
             if search.evaluate(start_rate, "incumbent") == "pass":
@@ -981,11 +1022,22 @@ def _run_search(search: _Search, *, start_rate: float | None, tol: float, repeat
     return _Run(saturated, saturated_how, below_start, budget_spent, below_floor, spread)
 
 
+def _service_s(sat: Probe) -> float:
+    """How long a request takes at the saturated server's batch, its queue left out:
+    the median time per output token times the mean output length."""
+    s = sat.summary
+    if s is None or not s.num_completed or not math.isfinite(s.tpot.p50):
+        return 0.0
+    return s.tpot.p50 * s.total_output_tokens / s.num_completed
+
+
 def _floor_rate(search: _Search, start_rate: float, min_rate: float | None,
                 lowest_rate: float | None) -> float:
-    """Where halving stops: ``min_rate`` (default start / 32), raised to the lowest
-    rate whose test can still pass within its time cap, with a note saying why."""
+    """Where halving stops: ``min_rate`` (default start / 32; one user), raised to the
+    lowest rate whose test can still pass within its time cap, with a note saying why."""
     floor_rate = min_rate if min_rate is not None else start_rate / 32.0
+    if search.unit.whole:
+        return max(floor_rate, 1.0)
     if lowest_rate is not None and not math.isfinite(lowest_rate):
         search.notes.append(
             "no test can pass within its time cap (--max-duration): the cap ends "
@@ -1006,17 +1058,17 @@ def _bracket_notes(search: _Search, lo: float | None, hi: float | None, *, tol: 
     if lo is None and not below_floor:
         # The test the budget cut (the last) says nothing of the floor: its note says why.
         search.notes.extend(zone_notes(search.probes[:-1] if search.cut_at is not None
-                                       else search.probes, search.slo))
-    converged = lo is not None and hi is not None and hi / lo - 1.0 <= tol + 1e-12
+                                       else search.probes, search.slo, search.unit))
+    converged = lo is not None and hi is not None and search.unit.closed_bracket(lo, hi, tol)
     if lo is not None and hi is not None and not converged and search.proof is not None:
         search.notes.append(
             f"coarse: the proof took the search's last pass decision, so the bracket "
-            f"stays open: the ceiling lies between {_rate(lo)} and {_rate(hi)} req/s "
+            f"stays open: the ceiling lies between {_rate(lo)} and {search.unit.fmt(hi)} "
             f"({hi / lo - 1:.1%} apart, tol {tol:.1%})")
     elif lo is not None and hi is not None and not converged:
         search.notes.append(
             f"probe budget ({max_probes}) spent before the bracket closed: the ceiling lies "
-            f"between {_rate(lo)} and {_rate(hi)} req/s ({hi / lo - 1:.1%} apart, tol "
+            f"between {_rate(lo)} and {search.unit.fmt(hi)} ({hi / lo - 1:.1%} apart, tol "
             f"{tol:.1%}); raise max_probes for a tighter answer")
     return converged
 
@@ -1032,7 +1084,7 @@ def _saturation(search: _Search, run: _Run) -> tuple[float | None, str | None]:
     return saturated, saturated_how
 
 
-def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
+def zone_notes(probes: Sequence[Probe], slo: SLO, unit: LoadUnit = RATE) -> list[str]:
     """Why no rate passed although none clearly failed: the tests that ran to their
     cap undecided show a share over the limit between half the allowance and the
     allowance (the sequential test's indifference zone) at every rate, i.e. the SLO
@@ -1053,7 +1105,7 @@ def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
             rates = ", ".join(_rate(p.rate) for p in undecided)
             out.append(f"{limit.label}: {k} of {n} requests ({k / n:.2%}) exceeded "
                        f"{format_seconds(limit.threshold_s)} in the tests that ran to "
-                       f"their cap undecided ({rates} req/s): "
+                       f"their cap undecided ({rates} {unit.label}): "
                        f"under half the allowance ({allowance / 2:.1%}), but their latencies "
                        f"cluster (x{d:.2g}), so a pass needs about {d:.2g} times the "
                        "requests of independent ones: raise --max-duration")
@@ -1064,7 +1116,8 @@ def zone_notes(probes: Sequence[Probe], slo: SLO) -> list[str]:
         out.append(
             f"{limit.label}: {k} of {n} requests ({k / n:.2%}) exceeded "
             f"{format_seconds(limit.threshold_s)} in the tests that ran to their cap "
-            f"undecided ({', '.join(_rate(p.rate) for p in undecided)} req/s): between half "
+            f"undecided ({', '.join(_rate(p.rate) for p in undecided)} {unit.label}): "
+            "between half "
             f"the allowance ({allowance / 2:.1%}) and the allowance ({allowance:.1%}), where "
             "a test needs many thousands of requests to decide.  The SLO sits at this "
             "config's latency floor: it may hold, but cannot be shown with 95% confidence "
@@ -1099,7 +1152,7 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
                 nxt = min(nxt, cap)
             if max_rate is not None:
                 nxt = min(nxt, max_rate)
-            rate = nxt
+            rate = search.unit.up(rate, nxt)
             if search.evaluate(rate, "bracket") != "pass":
                 return
     else:
@@ -1117,7 +1170,7 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
                 if rate <= floor_rate * (1.0 + 1e-9):
                     return
                 nxt = floor_rate
-            rate = nxt
+            rate = search.unit.down(rate, nxt)
             if search.evaluate(rate, "bracket") == "pass":
                 return
 
@@ -1157,7 +1210,7 @@ def _bisect(search: _Search, tol: float) -> None:
     weight = {"lo": 1.0, "hi": 1.0}
     while search.left > 0 and search.proof is None:
         lo, hi = search.lo(), search.hi()
-        if lo is None or hi is None or hi / lo - 1.0 <= tol + 1e-12:
+        if lo is None or hi is None or search.unit.closed_bracket(lo, hi, tol):
             return
         mid = 0.5 * (lo + hi)
         cap = search.cap_est
@@ -1170,6 +1223,7 @@ def _bisect(search: _Search, tol: float) -> None:
             aim = _interpolate(search, lo, hi, tol, weight["lo"], weight["hi"])
         if aim is None:
             aim, run = mid, 0
+        aim = search.unit.between(aim, lo, hi)
         moved = "lo" if search.evaluate(aim, "bisect") == "pass" else "hi"
         if moved == last:
             run += 1
@@ -1244,7 +1298,7 @@ def _repeat_boundaries(search: _Search, repeats: int) -> list[Spread]:
             break
         search.verdicts[lo] = "fail"
         search.notes.append(
-            f"{_rate(lo)} req/s passed once but failed {sum(not r.passed for r in runs)} of "
+            f"{search.unit.fmt(lo)} passed once but failed {sum(not r.passed for r in runs)} of "
             f"{repeats - 1} repeats: not counted as feasible")
     hi = search.hi()
     if hi is not None and hi not in done:
@@ -1302,7 +1356,8 @@ class BackendProbe:
                  request_timeout_s: float = 600.0, drain: bool = True,
                  drain_timeout_s: float = 600.0, steady: Any = None,
                  deadline_s: float | None = None,
-                 on_evidence: Callable[[float, Any], None] | None = None) -> None:
+                 on_evidence: Callable[[float, Any], None] | None = None,
+                 unit: LoadUnit = RATE) -> None:
         if not pool:
             raise CeilingError("the workload is empty: no requests to probe with")
         self.backend = backend
@@ -1333,6 +1388,9 @@ class BackendProbe:
         self.deadline_s = deadline_s
         # Sees (rate, Evidence) at each judgement of a running test (progress lines).
         self.on_evidence = on_evidence
+        # What a finite level counts: req/s, or users of a closed loop.  The saturation
+        # and light-load tests stay open loop whatever it is.
+        self.unit = unit
 
     def light_plan(self, n: int) -> Any:
         """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
@@ -1367,7 +1425,8 @@ class BackendProbe:
                         warmup_requests=picks[: self.warmup], warmup=self.warmup,
                         seed=seed, window_s=self.window_s,
                         request_timeout_s=self.request_timeout_s,
-                        steady=self.steady if math.isfinite(rate) else None)
+                        steady=self.steady if math.isfinite(rate) else None,
+                        closed=self.unit.closed if math.isfinite(rate) else None)
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
                  prior: Prior = (), light: bool = False,
@@ -1385,7 +1444,7 @@ class BackendProbe:
             left = self.deadline_s - before
             if left <= 0:
                 raise BudgetSpent(f"the --budget ran out before the load test at "
-                                  f"{_rate(rate)} req/s")
+                                  f"{self.unit.fmt(rate)}")
             plan = dataclasses.replace(plan, deadline_s=self.deadline_s)
         # The saturation probe sends everything at once: nothing to prune.
         seen = self.on_evidence
@@ -1402,7 +1461,7 @@ class BackendProbe:
         self.pool_ats.append(pool_at)
         if result.summary is None or result.reason == "crashed":
             raise CeilingError(
-                f"the probe at {_rate(rate)} req/s could not run "
+                f"the probe at {self.unit.fmt(rate)} could not run "
                 f"({result.reason}): {result.detail}")
         waited = self._drain()
         server_s = float(getattr(self.backend, "server_s", 0.0)) - before + waited

@@ -162,9 +162,13 @@ class _SteadyFeed:
         assert plan.steady is not None
         self.plan = plan
         self.rule = plan.steady
-        self.rate = rate
+        self.rate = plan.offered_rate(rate)
         self.planned = planned
-        self.max_s = self.rule.max_s(plan.slo, rate)
+        # A closed loop's request rate is the server's answer, not planned: its cap
+        # follows the rate its users reach (cap_s), up to the hard cap.
+        self.closed = plan.closed is not None
+        self.max_s = (self.rule.hard_cap_s(plan.slo) if self.closed
+                      else self.rule.max_s(plan.slo, rate))
         # The budget's end, in seconds from the first measured arrival; ``cut`` once
         # the test stopped there.
         self.cut_s = cut_s
@@ -214,9 +218,13 @@ class _SteadyFeed:
         long replies held a 74 s screening test's judged cohort to 167 requests: every
         config failed its screening).  Never past ``--max-duration`` or the hard cap."""
         if self.rule.max_duration_s is not None:
-            return self.max_s
+            return self.rule.max_s(self.plan.slo)
+        max_s = self.max_s
+        if self.closed:
+            reached = ev.sent / ev.at_s if ev.at_s > 0 else 0.0
+            max_s = self.rule.max_s(self.plan.slo, reached if reached > 0 else None)
         extra = max(ev.horizon_s - horizon(self.plan.slo), 0.0)
-        return max(self.max_s, min(self.max_s + extra, self.rule.hard_cap_s(self.plan.slo)))
+        return max(max_s, min(max_s + extra, self.rule.hard_cap_s(self.plan.slo)))
 
 
 def _judged(records: Sequence[RequestRecord], cutoff: float, slo: SLO
@@ -339,7 +347,8 @@ def _take_run(result: TrialResult, run: LoadRun, feed: _Feed | _SteadyFeed,
     judged: Sequence[RequestRecord] = run.records
     if steady is not None:
         judged, result.evidence = _final_evidence(steady, run, plan, rate)
-    result.summary = summarize(judged, slo=plan.slo, offered_rate=rate, source=source)
+    result.summary = summarize(judged, slo=plan.slo, offered_rate=plan.offered_rate(rate),
+                               source=source)
 
 
 def _classify_steady(result: TrialResult, steady: _SteadyFeed) -> TrialResult:
@@ -385,8 +394,8 @@ def _final_evidence(feed: _SteadyFeed, run: LoadRun, plan: LoadPlan, rate: float
     assert plan.steady is not None
     ends = [r.end_s for r in run.records if r.end_s is not None]
     now = max(ends) if ends else 0.0
-    ev = judge(run.records, slo=plan.slo, offered_rate=rate, now=now, rule=plan.steady,
-               planned=feed.planned, final=True)
+    ev = judge(run.records, slo=plan.slo, offered_rate=plan.offered_rate(rate), now=now,
+               rule=plan.steady, planned=feed.planned, final=True)
     return _judged(run.records, math.inf, plan.slo), ev
 
 

@@ -52,6 +52,7 @@ class Validation:
 
     duration_s: float
     runs: list[ValidationRun] = field(default_factory=list)
+    unit: str = "req/s"  # what a run's rate counts: "users" or "in flight" in a closed loop
 
     @property
     def passed(self) -> bool:
@@ -65,6 +66,9 @@ class Validation:
     def stepped_down(self) -> int:
         return max(len(self.runs) - 1, 0)
 
+    def _at(self, level: float) -> str:
+        return f"{level:.4g} {self.unit}" if self.unit == "req/s" else f"{level:.0f} {self.unit}"
+
     def sentence(self) -> str:
         if not self.runs:
             return "not validated"
@@ -75,17 +79,19 @@ class Validation:
                             f"{_s(v)}" for label, v in last.percentiles.items())
         text = (f"validated ({where}{self.duration_s / 60:g} min): {figures} over "
                 f"{last.requests} requests in {last.duration_s / 60:.1f} min at "
-                f"{last.rate:.4g} req/s") if self.passed else (
+                f"{self._at(last.rate)}") if self.passed else (
             f"not validated: {len(self.runs)} runs of {self.duration_s / 60:g} min down to "
-            f"{last.rate:.4g} req/s all failed ({'; '.join(last.reasons)[:200]})")
+            f"{self._at(last.rate)} all failed ({'; '.join(last.reasons)[:200]})")
         if self.passed and self.stepped_down:
             first = self.runs[0]
             text += (f"; the cap stepped down {self.stepped_down} x {STEP_DOWN:.0%} from "
-                     f"{first.rate:.4g} req/s, which failed its run ({first.reasons[0][:120]})")
+                     f"{self._at(first.rate)}, which failed its run "
+                     f"({first.reasons[0][:120]})")
         return text
 
     def to_dict(self) -> dict[str, Any]:
         return {"duration_s": self.duration_s, "passed": self.passed, "rate": self.rate,
+                "unit": self.unit,
                 "sentence": self.sentence(), "runs": [r.to_dict() for r in self.runs]}
 
 
@@ -128,7 +134,9 @@ def validate_cap(
     steady = replace(base, min_duration_s=duration_s, max_duration_s=None,
                      safe_share=PROOF_SAFE_SHARE)
     long_plan = replace(plan, steady=steady)
-    out = Validation(duration_s=duration_s)
+    closed = plan.closed
+    out = Validation(duration_s=duration_s,
+                     unit="req/s" if closed is None else closed.unit)
     rate = cap
     lent: list[Prior] = []
     for _ in range(max_steps + 1):
@@ -149,7 +157,12 @@ def validate_cap(
         # run starts after it, so an undecided run cannot take three hard caps' time.
         if run.verdict == PASS or res.summary is None or res.budget_cut:
             break
-        rate = round(rate * (1.0 - STEP_DOWN), 4)
+        if closed is None:
+            rate = round(rate * (1.0 - STEP_DOWN), 4)
+        elif rate > 1:  # whole users: 5% down, and at least one fewer
+            rate = float(min(math.floor(rate * (1.0 - STEP_DOWN)), rate - 1))
+        else:
+            break
     return out
 
 

@@ -1,4 +1,5 @@
-"""Arrival schedules for open-loop load: Poisson, gamma (bursty) and constant.
+"""Arrival schedules: open-loop load (Poisson, gamma (bursty) and constant) and
+closed-loop load (virtual users who think between requests).
 
 Pure: the HTTP load generator and the simulator draw the same schedule from the same
 seed, so a virtual-time run and a real-time run offer exactly the same load.
@@ -6,12 +7,15 @@ seed, so a virtual-time run and a real-time run offer exactly the same load.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 Process = Literal["poisson", "gamma", "constant"]
 PROCESSES: tuple[str, ...] = ("poisson", "gamma", "constant")
+THINK_DISTS: tuple[str, ...] = ("exponential", "fixed")
 
 
 def arrival_offsets(
@@ -55,3 +59,68 @@ def arrival_offsets(
     if process != "constant" and gaps.size and gaps.sum() > 0:
         gaps *= (gaps.size / rate) / gaps.sum()
     return np.concatenate([[0.0], np.cumsum(gaps)])
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClosedLoop:
+    """Closed-loop load: each virtual user sends its next request when its previous one
+    ends, after a think time.  How many users is the load level (a test's ``rate``
+    argument carries it); ``think_s = 0`` keeps that many requests in flight, the
+    "concurrency" of GuideLLM's and vLLM's benchmarks.
+
+    ``think``: ``exponential`` draws each think time with mean ``think_s`` (users who do
+    not act in step, the textbook closed-loop model), ``fixed`` waits exactly
+    ``think_s``.  Users start spread over one think time, so they do not send in step.
+    """
+
+    think_s: float = 0.0
+    think: str = "exponential"
+
+    def __post_init__(self) -> None:
+        if not (self.think_s >= 0 and math.isfinite(self.think_s)):
+            raise ValueError(f"think time must be a finite number of seconds >= 0, got "
+                             f"{self.think_s:g}")
+        if self.think not in THINK_DISTS:
+            raise ValueError(f"unknown think-time distribution {self.think!r}; use one of "
+                             f"{', '.join(THINK_DISTS)}")
+
+    @property
+    def unit(self) -> str:
+        """What its levels are called: users who think, or requests kept in flight."""
+        return "users" if self.think_s > 0 else "in flight"
+
+    @staticmethod
+    def users(level: float) -> int:
+        """The whole users a load level stands for (a search's levels are rounded, a
+        validation's 5% steps are not): never more than asked."""
+        if not level >= 1:
+            raise ValueError(f"a closed loop needs at least 1 user, got {level:g}")
+        return int(math.floor(level + 1e-9))
+
+    def think_times(self, n: int, seed: int = 0) -> np.ndarray:
+        """The think time after each of ``n`` requests (in the order they are sent)."""
+        if self.think_s == 0 or n == 0:
+            return np.zeros(n)
+        if self.think == "fixed":
+            return np.full(n, self.think_s)
+        return np.random.default_rng([seed, 1]).exponential(self.think_s, size=n)
+
+    def starts(self, users: int, seed: int = 0) -> np.ndarray:
+        """Each user's first send, in seconds from the start, ascending: all at once
+        without think time, else uniform over one think time."""
+        if self.think_s == 0:
+            return np.zeros(users)
+        return np.sort(np.random.default_rng([seed, 2]).uniform(0.0, self.think_s, users))
+
+    def expected_rate(self, users: int, latency_s: float) -> float:
+        """Requests per second ``users`` send when each request takes ``latency_s``
+        (Little's law over one cycle of request and think time)."""
+        cycle = self.think_s + latency_s
+        return math.inf if cycle <= 0 else users / cycle
+
+    def describe(self, users: int | None = None) -> str:
+        who = "users" if users is None else f"{users} users"
+        if self.think_s == 0:
+            return (f"{who}, no think time" if users is None
+                    else f"{users} in flight (closed loop, no think time)")
+        return f"{who} with {self.think} think time of mean {self.think_s:g} s"

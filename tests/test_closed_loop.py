@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from autotune.cli import app
 from autotune.client.loadgen import LoadGenError, LoadTestConfig, run_load_test_sync
 from autotune.tuning.load_unit import LoadUnit
-from autotune.workload.arrivals import ClosedLoop
+from autotune.workload.arrivals import ClosedLoop, conversation_order
 from autotune.workload.sources import Request
 
 runner = CliRunner()
@@ -59,6 +59,34 @@ def test_without_think_time_the_users_keep_that_many_requests_in_flight(fake_ser
     assert all(r.ok for r in result.records)
     assert _in_flight_max(result.records) == 4
     assert server.stats()["max_running"] == 4
+
+
+def test_conversations_are_grouped_by_their_runs_in_the_plan() -> None:
+    def turn(c: str | None, t: int = 0) -> Request:
+        return Request("x", 1, 1, conversation=c, turn=t)
+
+    plan = [turn("a", 0), turn(None), turn("a", 1), turn("b", 0), turn("b", 1),
+            turn("a", 0), turn("a", 1)]  # a cycled pool: "a" comes round again
+    assert conversation_order(plan) == [[0, 2], [1], [3, 4], [5, 6]]
+
+
+def test_a_user_sends_its_conversation_turn_by_turn(fake_server) -> None:
+    server = fake_server(token_delay_s=0.005)
+    think = 0.03
+    turns = [Request(f"c{c} t{t}", 2, 6, conversation=f"c{c}", turn=t)
+             for c in range(4) for t in range(3)]
+    config = LoadTestConfig(url=server.url, users=2, think_s=think, think="fixed",
+                            warmup=0, seed=2)
+    result = run_load_test_sync(config, turns)
+    assert all(r.ok for r in result.records) and len(result.records) == 12
+    by_index = {r.index: r for r in result.records}
+    for c in range(4):
+        mine = [by_index[3 * c + t] for t in range(3)]
+        for before, after in zip(mine, mine[1:], strict=False):
+            # The next turn goes out after the previous reply and its think time.
+            assert after.sent_s >= before.end_s + think - 0.005
+    # Two users, each on its own conversation: never two turns of one in flight.
+    assert _in_flight_max(result.records) <= 2
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -17,7 +17,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.metrics import MEASURED
 from autotune.core.records import RequestRecord, WindowCallback
 from autotune.core.slo import SLO
-from autotune.workload.arrivals import ClosedLoop, arrival_offsets
+from autotune.workload.arrivals import ClosedLoop, schedule, trace_rate
 from autotune.workload.sources import Request
 
 if TYPE_CHECKING:
@@ -60,25 +60,35 @@ class LoadPlan:
     # unused.  None: open loop at ``rate`` req/s.
     closed: ClosedLoop | None = None
 
+    @property
+    def replay(self) -> bool:
+        """A trace replayed at its logged times: ``rate`` is its speed-up factor."""
+        return self.process == "trace"
+
     def offered_rate(self, rate: float) -> float:
         """The request rate a test at ``rate`` offers whatever the server does: a closed
         loop offers none of its own (its users wait for the server), which the verdict
-        reads as "judge the arrivals as they came"."""
-        return math.inf if self.closed is not None else rate
+        reads as "judge the arrivals as they came"; a replayed trace offers its own mean
+        rate, ``rate`` times faster."""
+        if self.closed is not None:
+            return math.inf
+        if self.replay:
+            return trace_rate(self.requests) * rate
+        return rate
 
     def sizing_rate(self, rate: float) -> float:
         """The request rate a test's length is planned for: a closed loop's users can
         send no faster than one request per think time plus MIN_CYCLE_S each."""
         if self.closed is None:
-            return rate
+            return self.offered_rate(rate)
         users = ClosedLoop.users(rate)
         return users / (self.closed.think_s + MIN_CYCLE_S)
 
     def measured_for(self, rate: float) -> list[Request]:
         """The measured requests a test at ``rate`` plans: the pool itself, or, when the
         test is sized by time, as many as its cap's duration needs (cycling the pool)."""
-        if self.steady is None or not self.requests:
-            return list(self.requests)
+        if self.steady is None or not self.requests or self.replay:
+            return list(self.requests)  # a trace is replayed once, as logged
         n = min(self.steady.arrivals_for(self.slo, self.sizing_rate(rate)), MAX_PLANNED)
         pool = self.requests
         return [pool[i % len(pool)] for i in range(n)]
@@ -86,11 +96,12 @@ class LoadPlan:
     def planned_span_s(self, rate: float) -> float:
         """When the last measured request is scheduled (from the first); for a closed
         loop, when it would be at the most its users can send."""
-        n = len(self.measured_for(rate))
+        measured = self.measured_for(rate)
+        n = len(measured)
         if self.closed is not None:
             return n / self.sizing_rate(rate)
-        off = arrival_offsets(self.warmup + n, rate, process=self.process,  # type: ignore[arg-type]
-                              burstiness=self.burstiness, seed=self.seed)
+        off = schedule(self.warm_requests() + measured, rate, process=self.process,
+                       burstiness=self.burstiness, seed=self.seed)
         return float(off[-1] - off[self.warmup]) if len(off) else 0.0
 
     def warmup_span_s(self, rate: float) -> float:
@@ -99,9 +110,16 @@ class LoadPlan:
             return self.warmup / self.sizing_rate(rate)
         if not self.warmup or not (rate > 0 and math.isfinite(rate)):
             return 0.0
-        off = arrival_offsets(self.warmup + 1, rate, process=self.process,  # type: ignore[arg-type]
-                              burstiness=self.burstiness, seed=self.seed)
-        return float(off[self.warmup] - off[0])
+        plan = self.warm_requests() + self.measured_for(rate)[:1]
+        off = schedule(plan, rate, process=self.process, burstiness=self.burstiness,
+                       seed=self.seed)
+        return float(off[self.warmup] - off[0]) if len(off) > self.warmup else 0.0
+
+    def warm_requests(self) -> list[Request]:
+        """The ``warmup`` requests sent first, drawn in turn from ``warmup_requests``
+        (or from ``requests``)."""
+        pool = self.warmup_requests or self.requests
+        return [pool[i % len(pool)] for i in range(self.warmup)] if pool else []
 
     def mean_output_tokens(self) -> float:
         """Mean requested output tokens of the measured pool (goodput tok/s per req/s)."""

@@ -12,7 +12,7 @@ from autotune.core.metrics import SIMULATED
 from autotune.core.records import WindowCallback
 from autotune.sim import config as sim_config
 from autotune.sim import engine, profiles
-from autotune.workload.arrivals import arrival_offsets
+from autotune.workload.arrivals import schedule
 
 if TYPE_CHECKING:
     from autotune.sim.profiles import HardwareProfile, ModelProfile
@@ -78,14 +78,12 @@ class SimBackend(Backend):
 
     def load_test(self, rate: float, plan: LoadPlan, on_window: WindowCallback | None) -> LoadRun:
         n_warm = plan.warmup
-        pool = plan.warmup_requests or plan.requests
-        warm = [pool[i % len(pool)] for i in range(n_warm)]
-        reqs = warm + plan.measured_for(rate)
+        reqs = plan.warm_requests() + plan.measured_for(rate)
         closed = plan.closed
         think = None
         if closed is None:
-            arrivals = arrival_offsets(len(reqs), rate, process=plan.process,  # type: ignore[arg-type]
-                                       burstiness=plan.burstiness, seed=plan.seed)
+            arrivals = schedule(reqs, rate, process=plan.process,
+                                burstiness=plan.burstiness, seed=plan.seed)
         else:  # the same users, think times and seed as the HTTP load generator's
             arrivals = closed.starts(closed.users(rate), plan.seed)
             think = closed.think_times(len(reqs), plan.seed)

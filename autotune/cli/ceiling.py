@@ -64,6 +64,7 @@ class By(str, Enum):
     rate = "rate"
     concurrency = "concurrency"
     users = "users"
+    speed = "speed"
 
 
 class Think(str, Enum):
@@ -90,8 +91,9 @@ INHERITED = {
 Int = Annotated[int | None, typer.Option()]
 ByOpt = Annotated[By, typer.Option(
     help="What the ceiling counts: rate (open-loop Poisson req/s), concurrency (requests "
-         "kept in flight, each sent when the last ended) or users (each thinks "
-         "--think-time between its requests).")]
+         "kept in flight, each sent when the last ended), users (each thinks "
+         "--think-time between its requests) or speed (a --dataset trace replayed at its "
+         "logged times, this many times faster).")]
 ThinkTime = Annotated[str | None, typer.Option(
     help="--by users: a user's mean think time between a reply and its next request, "
          "e.g. 20s.")]

@@ -32,7 +32,12 @@ from autotune.client.sse import StreamReader
 from autotune.client.transport import BodySink, ConnectError, HttpClient, TransportError
 from autotune.core.errors import AutotuneError
 from autotune.core.records import RequestRecord, WindowCallback
-from autotune.workload.arrivals import PROCESSES, ClosedLoop, arrival_offsets
+from autotune.workload.arrivals import (
+    PROCESSES,
+    ClosedLoop,
+    conversation_order,
+    schedule,
+)
 from autotune.workload.sources import Request
 
 # httpcore tries ``import sniffio`` on every request; when it is not installed, each
@@ -62,7 +67,9 @@ class LoadTestConfig:
     model: str | None = None  # None: the first model of GET /v1/models
     endpoint: str = "completions"  # "completions" | "chat"
     rate: float = math.inf  # offered req/s; inf sends everything at once
-    process: str = "poisson"  # "poisson" | "gamma" | "constant"
+    # "poisson" | "gamma" | "constant" | "trace" (the requests' arrival_s, ``rate`` times
+    # faster: warm-up ones included, so give warm-up requests from the trace)
+    process: str = "poisson"
     burstiness: float = 1.0  # gamma shape; 1 = Poisson
     max_concurrency: int | None = None  # client-side cap; None = unbounded
     warmup: int = 100  # warm-up requests before the measured ones
@@ -303,20 +310,30 @@ def _describe(exc: BaseException) -> str:
 
 @dataclass
 class _Turns:
-    """The closed loop's shared queue of requests: the k-th send of any user is request
-    k (warm-up ones first), followed by its user's think time ``think[k]``."""
+    """The closed loop's shared queue of conversations (a request on its own is a
+    conversation of one turn), in the order of their first turns in the plan.  A user
+    takes the next conversation not yet started and sends its turns in order; after
+    request ``i`` ends, its user thinks ``think[i]`` before its next send."""
 
     payloads: list[Any]
     expected: list[int]
     think: list[float]
     n_warm: int
+    conversations: list[list[int]]
     next: int = 0
 
-    def take(self) -> int | None:
-        if self.next >= len(self.payloads):
+    @classmethod
+    def of(cls, plan: Sequence[Request], payloads: list[Any], think: list[float],
+           n_warm: int) -> _Turns:
+        return cls(payloads, [r.output_tokens for r in plan], think, n_warm,
+                   conversation_order(plan))
+
+    def take(self) -> list[int] | None:
+        """The next conversation's requests, in turn order (None: none is left)."""
+        if self.next >= len(self.conversations):
             return None
         self.next += 1
-        return self.next - 1
+        return self.conversations[self.next - 1]
 
 
 class _Run:
@@ -379,10 +396,13 @@ class _Run:
         wait = start - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)
+        queue: list[int] = []
         while not self.stopping:
-            i = turns.take()
-            if i is None:
-                return
+            if not queue:
+                queue = list(turns.take() or ())
+                if not queue:
+                    return
+            i = queue.pop(0)
             now = time.perf_counter()
             warm = i < turns.n_warm
             record = RequestRecord(
@@ -613,8 +633,11 @@ async def run_load_test(
     pool = list(warmup_requests) or list(requests)
     warm = [pool[i % len(pool)] for i in range(config.warmup)]
     plan = warm + list(requests)
-    offsets = arrival_offsets(len(plan), config.rate, process=config.process,  # type: ignore[arg-type]
-                              burstiness=config.burstiness, seed=config.seed).tolist()
+    try:
+        offsets = schedule(plan, config.rate, process=config.process,
+                           burstiness=config.burstiness, seed=config.seed).tolist()
+    except ValueError as exc:
+        raise LoadGenError(str(exc)) from None
     _raise_fd_limit(min(len(plan), 1 << 16) + 256)
     client = _client(config, len(plan))
     try:
@@ -641,8 +664,8 @@ async def run_load_test(
                                                           len(warm)))
         else:
             closed = ClosedLoop(think_s=config.think_s, think=config.think)
-            turns = _Turns(payloads, expected, closed.think_times(len(plan), config.seed
-                                                                 ).tolist(), len(warm))
+            turns = _Turns.of(plan, payloads, closed.think_times(len(plan), config.seed
+                                                                ).tolist(), len(warm))
             starts = (start + closed.starts(config.users, config.seed)).tolist()
             dispatcher = asyncio.create_task(run.users(starts, turns))
         watcher = asyncio.create_task(run.watch()) if on_window is not None else None

@@ -14,7 +14,7 @@ import csv
 import io
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from autotune.tuning.options import (
 )
 from autotune.tuning.validation import validate_cap
 from autotune.tuning.verdict import SteadyState
+from autotune.workload.arrivals import trace_offsets, trace_rate
 from autotune.workload.sources import pool_size, pool_workload
 
 
@@ -80,7 +81,7 @@ class CeilingOptions:
     studies_dir: Path = Path("studies")  # the launched server's logs: ceiling/logs
 
     def __post_init__(self) -> None:
-        if self.unit.whole:
+        if self.unit.by != "rate":
             given = [flag for flag, value in (("--start-rate", self.start_rate),
                                               ("--min-rate", self.min_rate),
                                               ("--max-rate", self.max_rate))
@@ -177,27 +178,47 @@ def _start_probe(o: CeilingOptions, backend: Backend, where: str, wl: Any,
                  pool: list[Any]) -> BackendProbe:
     """Say what is measured and how each probe is judged, around building the probe."""
     slo, steady, w = o.slo, o.steady, o.workload
+    unit = _unit(o, pool)  # before any line: a trace without timestamps is bad input
     out = console
     out.print(f"ceiling of {o.flags or 'the default config'} on {where}; SLO {slo}; "
               f"workload {wl.source} ({len(pool)} requests, tokens counted with "
               f"{wl.tokenizer}); {w.warmup} warm-up requests per probe excluded"
               + ("; every figure is simulated" if o.simulated else ""), soft_wrap=True)
-    closed = o.unit.closed
+    closed = unit.closed
     if closed is not None:
         out.print(f"load: a closed loop of {closed.describe()} (each sends its next request "
                   "when its reply ends" + (" and its think time passes" if closed.think_s
                                            else "") + "); the search counts "
-                  f"{o.unit.label}, and its saturation and light-load tests are open loop",
+                  f"{unit.label}, and its saturation and light-load tests are open loop",
                   soft_wrap=True)
-    out.print(header(o.simulated, o.unit), soft_wrap=True, highlight=False)
+    if unit.by == "speed":
+        out.print(f"load: the trace's {len(pool)} requests replayed at their logged times "
+                  f"({unit.trace_rps:.3g} req/s on average), sped up or slowed down by the "
+                  f"level; the first {min(w.warmup, len(pool) - 1)} are the warm-up",
+                  soft_wrap=True)
+    out.print(header(o.simulated, unit), soft_wrap=True, highlight=False)
     probe = BackendProbe(backend, o.flags, slo, pool, warmup=w.warmup, seed=w.seed,
-                         prune=o.prune, steady=steady, unit=o.unit)
+                         prune=o.prune, steady=steady, unit=unit)
     out.print(f"each probe: at least {steady.min_s(slo):g} s of arrivals before it may "
               f"pass, up to {_cap_phrase(steady, slo)}, stopped when its steady-state "
               f"verdict is certain; each limit passes when a sequential test shows "
               f"its exceedance under the percentile's allowance (at most "
               f"{1 - steady.confidence:.0%} false passes)", soft_wrap=True)
     return probe
+
+
+def _unit(o: CeilingOptions, pool: Sequence[Any]) -> LoadUnit:
+    """The search's unit; a trace replay learns its trace's rate from the pool."""
+    if o.unit.by != "speed":
+        return o.unit
+    if any(r.arrival_s is None for r in pool):
+        raise OptionsError("--by speed replays a trace at its logged times: give "
+                           "--dataset FILE whose requests have a timestamp")
+    try:
+        trace_offsets(pool, 1.0)
+    except ValueError as exc:
+        raise OptionsError(f"--by speed: {exc}") from None
+    return replace(o.unit, trace_rps=trace_rate(pool))
 
 
 def _cap_phrase(steady: SteadyState, slo: SLO) -> str:
@@ -217,7 +238,8 @@ def _search(o: CeilingOptions, probe: BackendProbe, seen: list[Probe]) -> Ceilin
 
     def on_probe(p: Probe) -> None:
         seen.append(p)
-        console.print(probe_line(p, o.simulated, o.unit), soft_wrap=True, highlight=False)
+        console.print(probe_line(p, o.simulated, probe.unit), soft_wrap=True,
+                      highlight=False)
 
     return find_ceiling(
         probe, slo=slo, start_rate=o.start_rate, tol=o.rates.tol,
@@ -225,9 +247,10 @@ def _search(o: CeilingOptions, probe: BackendProbe, seen: list[Probe]) -> Ceilin
         num_prompts=o.workload.num_prompts, max_num_prompts=o.max_num_prompts,
         repeats=o.repeats, confidence=o.confidence, headroom=o.rates.headroom,
         min_rate=o.min_rate, max_rate=o.max_rate,
-        lowest_rate=None if o.unit.whole else steady.lowest_rate(slo), on_probe=on_probe,
+        lowest_rate=steady.lowest_rate(slo) if probe.unit.by == "rate" else None,
+        on_probe=on_probe,
         proof_cap_s=PROOF_CAP_S if steady.max_duration_s is None else steady.max_s(slo),
-        unit=o.unit)
+        unit=probe.unit)
 
 
 def _validate_cap(o: CeilingOptions, result: CeilingResult, backend: Backend,
@@ -242,16 +265,16 @@ def _validate_cap(o: CeilingOptions, result: CeilingResult, backend: Backend,
         result.notes.append(
             f"no separate validation: the proof is the long run ("
             f"{_proof_span(result)} of arrivals at "
-            f"{o.unit.fmt(result.feasible_max or math.nan)}, "
+            f"{result.unit.fmt(result.feasible_max or math.nan)}, "
             f"above the cap)")
         return
     cap = float(result.recommended_cap)
-    console.print(f"validating the cap {o.unit.fmt(cap)} for {o.validate_s / 60:g} min"
+    console.print(f"validating the cap {result.unit.fmt(cap)} for {o.validate_s / 60:g} min"
                   + (" (virtual time)" if o.simulated else ""), soft_wrap=True)
     result.validation = validate_cap(
         backend, o.flags, cap, probe.plan(o.workload.num_prompts, 0, cap),
         duration_s=o.validate_s, prior_for=lambda rate: lent_evidence(result.probes, rate),
-        on_run=lambda r: console.print(f"  {o.unit.fmt(r.rate)}: {r.verdict} "
+        on_run=lambda r: console.print(f"  {result.unit.fmt(r.rate)}: {r.verdict} "
                                        f"({r.requests} requests judged)", soft_wrap=True,
                                        highlight=False))
 

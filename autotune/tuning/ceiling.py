@@ -781,7 +781,7 @@ class _Search:
                 return None
             need = max(need, (d * math.log(test.false_pass) - test.llr(n, k)) / drift)
         # Requests arrive at the level's rate, or at the rate a closed loop's users reached.
-        per_s = rate if not self.unit.whole else at[-1].evidence.arrival_rate
+        per_s = rate if self.unit.by == "rate" else at[-1].evidence.arrival_rate
         if not per_s > 0 or PROOF_MARGIN * need / per_s + horizon(self.slo) > self.proof_cap_s:
             return None
         return Proof(safe_share=PROOF_SAFE_SHARE, looks=looks,
@@ -936,8 +936,9 @@ def find_ceiling(
                                below_floor=run.below_floor)
     binding = _binding(search, hi)
     saturated, saturated_how = _saturation(search, run)
+    # vLLM's auto_tune.sh steps down in req/s: a comparison for rates only.
     stepdown = (stepdown_probe_count(saturated, lo)
-                if saturated is not None and lo is not None and not unit.whole else None)
+                if saturated is not None and lo is not None and unit.by == "rate" else None)
 
     return CeilingResult(
         slo=slo, confidence=confidence, tol=tol, headroom=headroom,
@@ -947,7 +948,7 @@ def find_ceiling(
         saturated_throughput=saturated, saturated_how=saturated_how,
         stepdown_probes=stepdown,
         stepdown_rate=(stepdown_rate(saturated, lo)
-                       if saturated is not None and lo is not None and not unit.whole
+                       if saturated is not None and lo is not None and unit.by == "rate"
                        else None),
         spread=run.spread, notes=search.notes, below_start=run.below_start,
         budget_spent=run.budget_spent, below_floor=run.below_floor, proof=search.proof,
@@ -990,8 +991,7 @@ def _run_search(search: _Search, *, start_rate: float | None, tol: float, repeat
             if not saturated > 0:
                 raise CeilingError(
                     "the saturation probe completed no request: check the server")
-            if not search.unit.whole:
-                search.cap_est = saturated
+            search.cap_est = search.unit.capacity(saturated)
             start_rate = search.unit.start(saturated, _service_s(sat))
         floor_rate = _floor_rate(search, start_rate, min_rate, lowest_rate)
         if max_rate is not None:
@@ -1421,6 +1421,13 @@ class BackendProbe:
             seed += 104729 * tests
         else:
             measured = picks[self.warmup:]
+        if self.unit.by == "speed" and math.isfinite(rate):
+            # A trace is replayed whole and in order, its first requests the warm-up.
+            w = min(self.warmup, len(self.pool) - 1)
+            return LoadPlan(slo=self.slo, requests=self.pool[w:],
+                            warmup_requests=self.pool[:w], warmup=w, process="trace",
+                            seed=seed, window_s=self.window_s,
+                            request_timeout_s=self.request_timeout_s, steady=self.steady)
         return LoadPlan(slo=self.slo, requests=measured,
                         warmup_requests=picks[: self.warmup], warmup=self.warmup,
                         seed=seed, window_s=self.window_s,

@@ -3,8 +3,10 @@
 ``ceiling --by rate`` searches open-loop Poisson arrivals in req/s (a real number);
 ``--by concurrency`` searches users who send again as soon as their reply ends (the
 requests in flight, as GuideLLM and AIPerf report); ``--by users`` searches users who
-think between requests (the seed's "200 concurrent dialogues").  Users are whole: the
-search rounds its levels, and its bracket closes when its ends are one user apart.
+think between requests (the seed's "200 concurrent dialogues"); ``--by speed`` replays a
+logged trace at its own arrival times, sped up or slowed down by a factor.  Users are
+whole: the search rounds its levels, and its bracket closes when its ends are one user
+apart.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 from autotune.workload.arrivals import ClosedLoop
 
-BY: tuple[str, ...] = ("rate", "concurrency", "users")
+BY: tuple[str, ...] = ("rate", "concurrency", "users", "speed")
 
 
 def fmt_rate(r: float) -> str:
@@ -36,11 +38,14 @@ class LoadUnit:
 
     by: str = "rate"
     closed: ClosedLoop | None = None
+    # --by speed: the trace's own mean arrival rate (req/s), which the saturation
+    # probe's throughput is divided by for a start (None until the trace is read).
+    trace_rps: float | None = None
 
     def __post_init__(self) -> None:
         if self.by not in BY:
             raise ValueError(f"unknown load unit {self.by!r}; use one of {', '.join(BY)}")
-        if (self.by == "rate") != (self.closed is None):
+        if (self.by in ("concurrency", "users")) != (self.closed is not None):
             raise ValueError("a closed loop's levels are users (--by users or "
                              "concurrency); a request rate has no closed loop")
         if self.by == "users" and self.closed is not None and self.closed.think_s <= 0:
@@ -53,10 +58,10 @@ class LoadUnit:
     @classmethod
     def of(cls, by: str, think_s: float | None = None, think: str = "exponential"
            ) -> LoadUnit:
-        if by == "rate":
+        if by in ("rate", "speed"):
             if think_s:
                 raise ValueError("--think-time applies to --by users only")
-            return cls()
+            return cls(by=by)
         return cls(by=by, closed=ClosedLoop(think_s=think_s or 0.0, think=think))
 
     @property
@@ -65,10 +70,14 @@ class LoadUnit:
 
     @property
     def label(self) -> str:
+        if self.by == "speed":
+            return "x the trace's speed"
         return "req/s" if self.closed is None else self.closed.unit
 
     def fmt(self, level: float) -> str:
         """A level with its unit: "12.3 req/s", "64 in flight", "180 users"."""
+        if self.by == "speed":
+            return f"{fmt_rate(level)}{self.label}"
         if not self.whole or math.isinf(level):
             return f"{fmt_rate(level)} {self.label}"
         return f"{level:.0f} {self.label}"
@@ -97,10 +106,19 @@ class LoadUnit:
         """The bracket is as tight as asked: within ``tol``, or one user apart."""
         return hi / lo - 1.0 <= tol + 1e-12 or (self.whole and hi - lo <= 1.0 + 1e-9)
 
+    def capacity(self, saturated_rps: float) -> float | None:
+        """The saturated throughput in this unit's levels (None for users: a closed
+        loop's users at capacity depend on their latency)."""
+        if self.by == "speed":
+            return saturated_rps / (self.trace_rps or saturated_rps)
+        return None if self.whole else saturated_rps
+
     def start(self, saturated_rps: float, service_s: float) -> float:
         """Where a search starts after its saturation probe: 70% of the saturated
         throughput; for users, the users that throughput keeps busy when each request
         takes ``service_s`` plus the think time (Little's law), 70% of it."""
+        if self.by == "speed":
+            return 0.7 * saturated_rps / (self.trace_rps or saturated_rps)
         if self.closed is None:
             return 0.7 * saturated_rps
         return self.at(0.7 * saturated_rps * (self.closed.think_s + service_s))

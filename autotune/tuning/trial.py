@@ -168,7 +168,7 @@ class _SteadyFeed:
         # follows the rate its users reach (cap_s), up to the hard cap.
         self.closed = plan.closed is not None
         self.max_s = (self.rule.hard_cap_s(plan.slo) if self.closed
-                      else self.rule.max_s(plan.slo, rate))
+                      else self.rule.max_s(plan.slo, plan.sizing_rate(rate)))
         # The budget's end, in seconds from the first measured arrival; ``cut`` once
         # the test stopped there.
         self.cut_s = cut_s

@@ -8,13 +8,18 @@ seed, so a virtual-time run and a real-time run offer exactly the same load.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-Process = Literal["poisson", "gamma", "constant"]
-PROCESSES: tuple[str, ...] = ("poisson", "gamma", "constant")
+if TYPE_CHECKING:  # sources imports nothing of this module; only the type is needed
+    from autotune.workload.sources import Request
+
+Process = Literal["poisson", "gamma", "constant", "trace"]
+# "trace": the requests' own arrival times (Request.arrival_s), ``rate`` times faster.
+PROCESSES: tuple[str, ...] = ("poisson", "gamma", "constant", "trace")
 THINK_DISTS: tuple[str, ...] = ("exponential", "fixed")
 
 
@@ -47,6 +52,8 @@ def arrival_offsets(
         return np.zeros(0)
     if np.isinf(rate):
         return np.zeros(n)
+    if process == "trace":
+        raise ValueError("a trace's arrivals come with its requests: use schedule()")
     rng = np.random.default_rng(seed)
     if process == "constant":
         gaps = np.full(n - 1, 1.0 / rate)
@@ -124,3 +131,56 @@ class ClosedLoop:
             return (f"{who}, no think time" if users is None
                     else f"{users} in flight (closed loop, no think time)")
         return f"{who} with {self.think} think time of mean {self.think_s:g} s"
+
+
+def conversation_order(plan: Sequence[Request]) -> list[list[int]]:
+    """The plan's requests grouped by conversation, in the order of first turns; a
+    request without a conversation is one of its own.  A conversation that comes round
+    again when a pool is cycled starts anew, so its turns are grouped by their run."""
+    groups: list[list[int]] = []
+    open_: dict[str, int] = {}
+    for i, r in enumerate(plan):
+        if r.conversation is None:
+            groups.append([i])
+            continue
+        at = open_.get(r.conversation)
+        if at is None or r.turn <= plan[groups[at][-1]].turn:
+            open_[r.conversation] = len(groups)
+            groups.append([i])
+        else:
+            groups[at].append(i)
+    return groups
+
+
+def trace_offsets(requests: Sequence[Request], speed: float) -> np.ndarray:
+    """Send times (seconds from the first) of a logged trace replayed ``speed`` times
+    faster: its requests' ``arrival_s`` from the first one's, divided by ``speed``."""
+    if not speed > 0:
+        raise ValueError(f"replay speed must be > 0, got {speed}")
+    times = [r.arrival_s for r in requests]
+    if any(t is None for t in times):
+        raise ValueError("a trace replay needs every request's arrival time: this "
+                         "workload has requests without one")
+    arr = np.asarray(times, dtype=float)
+    if arr.size and np.any(np.diff(arr) < 0):
+        raise ValueError("a trace's arrival times must not go backwards")
+    if np.isinf(speed):
+        return np.zeros(arr.size)
+    return (arr - arr[0]) / speed if arr.size else arr
+
+
+def schedule(requests: Sequence[Request], rate: float, *, process: str = "poisson",
+             burstiness: float = 1.0, seed: int = 0) -> np.ndarray:
+    """The send times of ``requests``: drawn from the arrival process at ``rate`` req/s,
+    or, for ``process="trace"``, their own arrival times ``rate`` times faster."""
+    if process == "trace":
+        return trace_offsets(requests, rate)
+    return arrival_offsets(len(requests), rate, process=process,  # type: ignore[arg-type]
+                           burstiness=burstiness, seed=seed)
+
+
+def trace_rate(requests: Sequence[Request]) -> float:
+    """A trace's mean arrival rate (req/s) as logged: (n - 1) gaps over its span."""
+    times = [r.arrival_s for r in requests if r.arrival_s is not None]
+    span = (max(times) - min(times)) if len(times) > 1 else 0.0
+    return (len(times) - 1) / span if span > 0 else math.inf

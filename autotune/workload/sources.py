@@ -43,11 +43,26 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Request:
-    """One request to send: the prompt and how many tokens to ask for."""
+    """One request to send: the prompt and how many tokens to ask for, and what it shares
+    with other requests (what a prefix cache can reuse, which conversation it belongs to,
+    when a trace logged it)."""
 
     prompt: str
     prompt_tokens: int
     output_tokens: int
+    # Shared prefixes of the prompt, shortest first: (key, tokens) says that the prompt's
+    # first ``tokens`` tokens are those of every other prompt that names ``key`` in its
+    # own prefix (a system prompt; a conversation's history up to a turn, which names
+    # that turn's whole prompt).  A KV block (tokens [16 i, 16 i + 16)) is then the same
+    # in every prompt whose first segment with at least 16 (i + 1) tokens has the same
+    # key; blocks past the last segment are the prompt's own.
+    prefix: tuple[tuple[str, int], ...] = ()
+    # A turn of a conversation (None: a request on its own): a closed loop's user sends
+    # a conversation's turns in order, each after the previous one's reply.
+    conversation: str | None = None
+    turn: int = 0
+    # Trace replay: when the request arrived, seconds from the trace's first request.
+    arrival_s: float | None = None
 
 
 @dataclass

@@ -381,6 +381,8 @@ class CeilingResult:
             low = self.lowest_rate
             shown = self.unit.fmt(low) if low is not None else "the lowest rate"
             at_low = [p for p in self.probes if p.rate == low]
+            if self.unit.by != "rate" and at_low and at_low[-1].summary is not None:
+                shown += f" ({other_units(at_low[-1])})"
             if self.budget_spent and not any(p.verdict == "fail" for p in at_low):
                 if not at_low:
                     return (f"{prefix}not measured: the --budget ran out before its first "
@@ -395,10 +397,10 @@ class CeilingResult:
                 return (f"{prefix}does not sustain {shown}, the level it needs to beat "
                         f"the best config so far ({self.slo})")
             if at_low and all(p.verdict == "inconclusive" for p in at_low):
-                return (f"{prefix}not shown to meet the SLO ({self.slo}) at any rate down to "
-                        f"{shown}: its load test reached its time cap without "
-                        "steady-state evidence that the SLO holds (a fail for the ceiling; "
-                        "see the notes for the lowest rate planned)")
+                return (f"{prefix}not shown to meet the SLO ({self.slo}) at any "
+                        f"{self.unit.noun} down to {shown}: its load test reached its time "
+                        "cap without steady-state evidence that the SLO holds (a fail for "
+                        "the ceiling; see the notes for the lowest rate planned)")
             if at_low and all(p.verdict == "uncertain" for p in at_low):
                 return (f"{prefix}even {shown} meets the SLO ({self.slo}) only by its "
                         f"point estimate, not with {self.confidence:.0%} confidence: more "

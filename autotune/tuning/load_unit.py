@@ -74,6 +74,11 @@ class LoadUnit:
             return "x the trace's speed"
         return "req/s" if self.closed is None else self.closed.unit
 
+    @property
+    def noun(self) -> str:
+        """What one level is called in a sentence: "rate", "number of users", "speed"."""
+        return {"rate": "rate", "speed": "speed"}.get(self.by, f"number of {self.label}")
+
     def fmt(self, level: float) -> str:
         """A level with its unit: "12.3 req/s", "64 in flight", "180 users"."""
         if self.by == "speed":

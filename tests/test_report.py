@@ -12,11 +12,11 @@ import optuna
 import pytest
 from typer.testing import CliRunner
 
+from autotune.analysis.pareto import front
 from autotune.cli import app
 from autotune.report import ReportError, gather, write_report
 from autotune.report.build import closest_row, replica_results
 from autotune.report.data import read_timeline
-from autotune.report.plots import pareto_front
 from autotune.report.sample import make_sample_study
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -262,7 +262,7 @@ def test_recommend_cli_prints_plan_and_snippets(sample, tmp_path):
 
 def test_pareto_front_and_timeline_are_pure():
     pts = [(5.0, 100.0), (6.0, 90.0), (7.0, 150.0), (8.0, 150.0), (9.0, 200.0)]
-    assert pareto_front(pts) == [(5.0, 100.0), (7.0, 150.0), (9.0, 200.0)]
+    assert front(pts, lower_x=True) == [(5.0, 100.0), (7.0, 150.0), (9.0, 200.0)]
     row = {"telemetry": {"timeline": [{"t_s": 10.0, "kv_cache_usage": 0.5},
                                       {"t_s": 11.0, "kv_cache_usage": 0.75}],
                          "gpu_samples": [{"t_s": 3.0, "util_pct": 80}]},

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from autotune.analysis.pareto import pareto_points
 from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
 from autotune.core.flags import command_line, config_key
@@ -60,6 +61,7 @@ class TrialView:
     predicted: dict[str, Any] | None = None
     # What the server was launched with: {"argv": [...], "env": {...}} (None: simulated)
     launch: dict[str, Any] | None = None
+    tpot_p50_s: float | None = None  # median time per output token of its load test
 
     @property
     def config_key(self) -> str:
@@ -75,7 +77,7 @@ def view_of(t: StoredTrial) -> TrialView:
         output_throughput=t.measured("output_throughput"), p99_e2e_s=t.stat("e2e", "p99"),
         attainment=t.measured("attainment"), gpu_util_pct=t.gpu_util_pct, gpus=t.gpus,
         reason=t.reason, baseline=t.baseline, source=t.source or "",
-        predicted=t.predicted, launch=t.launch)
+        predicted=t.predicted, launch=t.launch, tpot_p50_s=t.stat("tpot", "p50"))
 
 
 @dataclass
@@ -118,6 +120,9 @@ class Recommendation:
     predictions: list[dict[str, Any]] = field(default_factory=list)
     # The long run of the recommended config at its cap (autotune.tuning.validation).
     validation: dict[str, Any] | None = None
+    # Every feasible config as a point of goodput per GPU against tokens per user
+    # (analysis.pareto), the front marked.
+    pareto: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -197,7 +202,8 @@ def recommend(
         slo=slo, objective=objective, best=best, baseline=baseline, vs_baseline=vs,
         next_best=picks[1:], rate_cap=cap_with_headroom(best.max_feasible_rate, headroom),
         headroom=headroom, trials=counts, source=source, notes=notes,
-        predictions=predictions_vs_measured(views))
+        predictions=predictions_vs_measured(views),
+        pareto=[p.to_dict() for p in pareto_points(views, headroom=headroom)])
 
 
 def predictions_vs_measured(views: Sequence[TrialView]) -> list[dict[str, Any]]:
@@ -397,7 +403,7 @@ def flags_line(flags: Mapping[str, Any]) -> str:
 
 def to_markdown(rec: Recommendation) -> str:
     lines = [*_md_best(rec), *_md_baseline(rec), *_md_predicted(rec), *_md_ceilings(rec),
-             *_md_predictions(rec), *_md_rates(rec)]
+             *_md_pareto(rec), *_md_predictions(rec), *_md_rates(rec)]
     counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
     lines += ["", f"Trials: {counts}."]
     for note in rec.notes:
@@ -507,6 +513,31 @@ def _md_ceilings(rec: Recommendation) -> list[str]:
     for c in rec.ceilings:
         lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
                      f"({c.get('total_probes')} load tests, {c.get('source')})")
+    return lines
+
+
+def _md_pareto(rec: Recommendation) -> list[str]:
+    """Goodput per GPU against what each user gets, one row per feasible config (empty
+    with fewer than two: there is no trade-off to show)."""
+    if len(rec.pareto) < 2:
+        return []
+    by_user = all(p.get("tokens_per_user") is not None for p in rec.pareto)
+    lines = ["", "## Goodput per GPU against tokens per user (Pareto front)", "",
+             "Each feasible config at its best trial: goodput per GPU (output tok/s of the "
+             "requests within the SLO, per GPU) against one user's stream (output tok/s "
+             "per user, 1 / median TPOT) and P99 end-to-end latency. On the front (*): no "
+             "other config is better on both goodput per GPU and "
+             + ("tokens per user." if by_user else "P99 (no TPOT was measured)."), "",
+             "| front | trial | config | GPUs | goodput tok/s/GPU | tok/s per user | "
+             "P99 e2e (s) | passed at (req/s) | cap (req/s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for p in rec.pareto:
+        lines.append(
+            f"| {'*' if p.get('on_front') else ''} | {p['trial']} | "
+            f"{flags_line(p['flags']) or 'defaults'} | {p['gpus']} | "
+            f"{_num(p.get('goodput_per_gpu'))} | {_num(p.get('tokens_per_user'), '.1f')} | "
+            f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(p.get('rate'), '.2f')} | "
+            f"{_num(p.get('cap'), '.2f')} |")
     return lines
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
+from autotune.analysis.pareto import front
 from autotune.core.slo import parse_slo
 from autotune.report.data import config_label, varying_keys
 
@@ -217,16 +218,6 @@ def importances(values: Mapping[str, float], path: Path, *, provenance: str,
 # ----------------------------------------------------------------------------- 4
 
 
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(p99, goodput per GPU) points no other point beats on both (lower p99, higher
-    goodput), sorted by p99."""
-    front: list[tuple[float, float]] = []
-    for p99, g in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or g > front[-1][1]:
-            front.append((p99, g))
-    return front
-
-
 def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
            provenance: str) -> Path:
     key, threshold, ylabel = slo_line(slo)
@@ -242,12 +233,11 @@ def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
     if feas:
         ax.plot([p for p, _, _ in feas], [g for _, g, _ in feas], "o", color="tab:green",
                 label="met the SLO")
-        front = pareto_front([(p, g) for p, g, _ in feas])
-        ax.step([p for p, _ in front], [g for _, g in front], where="post", color="tab:green",
-                lw=2,
-                label="Pareto front")
+        edge = front([(p, g) for p, g, _ in feas], lower_x=True)
+        ax.step([p for p, _ in edge], [g for _, g in edge], where="post", color="tab:green",
+                lw=2, label="Pareto front")
         by_point = {(p, g): r for p, g, r in feas}
-        for p, g in front:
+        for p, g in edge:
             r = by_point.get((p, g))
             if r is not None:
                 ax.annotate(f"#{r['trial']}", (p, g), xytext=(4, 4), fontsize=7,

@@ -72,11 +72,6 @@ class Think(str, Enum):
     fixed = "fixed"
 
 
-class Dataset(str, Enum):
-    sharegpt = "sharegpt"
-    synthetic = "synthetic"
-
-
 INHERITED = {
     "slo_p99": "slo", "profile": "profile", "model_profile": "sim_model", "gpus": "gpus",
     "num_prompts": "num_prompts", "warmup": "warmup", "seed": "seed", "tol": "tol",
@@ -135,7 +130,9 @@ MinRate = Annotated[float | None, typer.Option(
 MaxRate = Annotated[float | None, typer.Option(
     help="Highest rate to try (default: none; with --study, the space's top request_rate).")]
 NoPrune = Annotated[bool, typer.Option("--no-prune", help="Run every probe to the end.")]
-DatasetOpt = Annotated[Dataset, typer.Option(help="Request source.")]
+DatasetOpt = Annotated[str, typer.Option(
+    help="Request source: sharegpt, synthetic, or the path of your own requests (JSON "
+         "lines, CSV or an OpenAI request log; see docs/workload.md).")]
 Tokenizer = Annotated[str | None, typer.Option(
     help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
          "mistral-common's tekken).")]
@@ -167,7 +164,7 @@ def ceiling(  # one line per option, each defined above or in cli._options
     num_prompts: NumPrompts = NUM_PROMPTS, max_num_prompts: MaxNumPrompts = 2400,
     repeats: Repeats = 1, headroom: Headroom = 0.10, confidence: Confidence = 0.95,
     min_rate: MinRate = None, max_rate: MaxRate = None, warmup: Warmup = WARMUP,
-    seed: Seed = 0, no_prune: NoPrune = False, dataset: DatasetOpt = Dataset.sharegpt,
+    seed: Seed = 0, no_prune: NoPrune = False, dataset: DatasetOpt = "sharegpt",
     input_len: InputLen = 256, output_len: OutputLen = 128, tokenizer: Tokenizer = None,
     output: Output = None, csv_path: CsvPath = None, min_duration: MinDuration = None,
     max_duration: MaxDuration = None, validate: Validate = "5m",
@@ -205,7 +202,7 @@ def ceiling(  # one line per option, each defined above or in cli._options
                                      seed=take("seed", seed),
                                      tokenizer=take("tokenizer", tokenizer)),
             context=max_model_len or take("sample_max_len", None) or DEFAULT_CONTEXT,
-            dataset=dataset.value, input_len=input_len, output_len=output_len,
+            dataset=dataset, input_len=input_len, output_len=output_len,
             steady=_steady(take("min_duration", min_duration),
                            take("max_duration", max_duration), n,
                            take("backlog_share", backlog_share), rates.max_probes),

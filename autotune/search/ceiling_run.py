@@ -46,7 +46,8 @@ from autotune.tuning.options import (
 from autotune.tuning.validation import validate_cap
 from autotune.tuning.verdict import SteadyState
 from autotune.workload.arrivals import trace_offsets, trace_rate
-from autotune.workload.sources import pool_size, pool_workload
+from autotune.workload.pool import is_file_dataset, pool_workload
+from autotune.workload.sources import pool_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +62,7 @@ class CeilingOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     context: int = 8192  # longest prompt + output kept from the dataset
-    dataset: str = "sharegpt"  # or synthetic
+    dataset: str = "sharegpt"  # synthetic, or a file's path (workload/dataset.py)
     input_len: int = 256
     output_len: int = 128
     steady: SteadyState = field(default_factory=SteadyState)
@@ -81,6 +82,9 @@ class CeilingOptions:
     studies_dir: Path = Path("studies")  # the launched server's logs: ceiling/logs
 
     def __post_init__(self) -> None:
+        if is_file_dataset(self.dataset) and not Path(self.dataset).is_file():
+            raise OptionsError(f"--dataset {self.dataset}: no such file; give sharegpt, "
+                               "synthetic, or the path of a JSONL or CSV file of requests")
         if self.unit.by != "rate":
             given = [flag for flag, value in (("--start-rate", self.start_rate),
                                               ("--min-rate", self.min_rate),
@@ -352,6 +356,8 @@ def probe_line(p: Any, simulated: bool, unit: LoadUnit = RATE) -> str:
     """One probe as a table row (printed as it finishes)."""
     rate = ("inf" if math.isinf(p.rate) else f"{p.rate:.0f}" if unit.whole
             else f"{p.rate:.3f}")
+    if unit.by == "speed" and math.isfinite(p.rate):
+        rate = f"x{p.rate:.3f}"
     lims = "  ".join(f"{c.label} {_s(c.observed_s)} (≤{_s(c.bound_s)})" for c in p.checks)
     util = "-" if p.gpu_util is None else f"{p.gpu_util:.0%}"
     verdict = {"pass": "PASS"}.get(p.verdict, p.verdict)
@@ -369,6 +375,7 @@ def probe_line(p: Any, simulated: bool, unit: LoadUnit = RATE) -> str:
 
 
 def header(simulated: bool, unit: LoadUnit = RATE) -> str:
+    column = unit.by if unit.by in ("rate", "speed") else unit.label
     how = "simulated, virtual time" if simulated else "measured over HTTP"
     return (f"probes ({how}; n = requests judged, s = seconds of arrivals; P99 with its "
             "one-sided 95% upper bound in parentheses; req/s and tok/s: vLLM's throughput "
@@ -377,7 +384,7 @@ def header(simulated: bool, unit: LoadUnit = RATE) -> str:
             "even when it keeps up (the verdict judges keeping up); warm-up excluded; "
             "GPU = mean utilization, * = the "
             "simulator's busy share)\n"
-            f"{'#':>3} {'phase':<11} {'rate' if not unit.whole else unit.label:>9} {'n':>6} "
+            f"{'#':>3} {'phase':<11} {column:>9} {'n':>6} "
             f"{'s':>5} {'req/s':>8} {'tok/s':>9}  "
             f"{'latency (bound)':<40} {'GPU':>5}  result")
 
@@ -402,7 +409,7 @@ def details(result: Any) -> list[str]:
     lines = []
     unit = "virtual" if result.simulated else "wall"
     cost = "" if result.server_s is None else f", {result.server_s:.0f} s server time ({unit})"
-    level = result.unit.fmt if result.unit.whole else (lambda x: f"{x:.3f} req/s")
+    level = result.unit.fmt if result.unit.by != "rate" else (lambda x: f"{x:.3f} req/s")
     if result.feasible_max is not None:
         hi = ("none found" if result.infeasible_min is None
               else level(result.infeasible_min))

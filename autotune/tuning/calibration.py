@@ -44,7 +44,7 @@ from autotune.tuning.twin import (
     observation_of,
     write_twin,
 )
-from autotune.workload.sources import pool_workload
+from autotune.workload.pool import pool_workload
 
 DEFAULT_LOADS = (0.5, 0.8)
 

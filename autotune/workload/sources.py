@@ -714,17 +714,3 @@ def build_workload(
             num_prompts=num_prompts,
         )
     raise WorkloadError(f"unknown workload kind {kind!r}; use one of {', '.join(KINDS)}")
-
-
-def pool_workload(*, dataset: str, tokenizer_path: str | None, url: str | None,
-                  model: str | None, total: int, seed: int, context: int, input_len: int,
-                  output_len: int) -> Workload:
-    """The request pool of a one-config command: ``total`` ShareGPT pairs that fit
-    ``context``, or synthetic requests around ``input_len``/``output_len`` tokens."""
-    tok = load_tokenizer(tokenizer_path, server_url=url, model=model)
-    if dataset == "sharegpt":
-        return load_sharegpt(tokenizer=tok, num_prompts=total,
-                                      max_model_len=context, seed=seed)
-    return synthetic_workload(tok, num_prompts=total, input_len=input_len,
-                                       output_len=output_len, distribution="lognormal",
-                                       input_spread=0.5, output_spread=0.5, seed=seed)

@@ -9,7 +9,7 @@ from autotune.cli._app import app
 # Each module registers its subcommand on ``app`` when imported.  A module that is not
 # written yet is skipped so the other commands keep working.
 _COMMANDS = ("bench", "search", "ceiling", "calibrate", "report", "sweep", "worker",
-             "serve_sim")
+             "serve_sim", "workload")
 
 for _name in _COMMANDS:
     try:

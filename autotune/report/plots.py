@@ -282,3 +282,30 @@ def timeline(series: Mapping[str, Sequence[tuple[float, float]]], path: Path, *,
     axes[-1][0].set_xlabel("time since the first sample of each series (s)")
     axes[0][0].set_title(title)
     return _save(fig, path, provenance)
+
+
+# ----------------------------------------------------------------------------- traffic
+
+
+def traffic(ours: Mapping[str, Sequence[int]], sharegpt: Mapping[str, Sequence[int]],
+            path: Path, *, title: str, provenance: str) -> Path:
+    """Prompt and output length histograms of a workload, ShareGPT's outlined beside
+    them (``ours``/``sharegpt``: "prompt_tokens" and "output_tokens" lists)."""
+    fig, axes = pyplot().subplots(1, 2, figsize=(10.0, 4.0))
+    for ax, key, name in zip(axes, ("prompt_tokens", "output_tokens"),
+                             ("prompt tokens", "output tokens"), strict=True):
+        mine, theirs = list(ours.get(key, ())), list(sharegpt.get(key, ()))
+        top = max([*mine, *theirs, 1])
+        bins = [0.0, *[top * (i + 1) / 40 for i in range(40)]]
+        if mine:
+            ax.hist(mine, bins=bins, density=True, alpha=0.6, color="tab:blue",
+                    label=f"this workload ({len(mine):,})")
+        if theirs:
+            ax.hist(theirs, bins=bins, density=True, histtype="step", lw=1.5,
+                    color="tab:orange", label=f"ShareGPT ({len(theirs):,})")
+        ax.set_xlabel(name)
+        ax.set_ylabel("share of requests (density)")
+        ax.grid(alpha=0.3)
+        legend(ax)
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, path, provenance)

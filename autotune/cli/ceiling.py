@@ -92,6 +92,12 @@ ByOpt = Annotated[By, typer.Option(
 ThinkTime = Annotated[str | None, typer.Option(
     help="--by users: a user's mean think time between a reply and its next request, "
          "e.g. 20s.")]
+MultiTurn = Annotated[bool, typer.Option(
+    "--multi-turn", help="ShareGPT's whole conversations: each turn resends the history "
+                         "so far, as chat clients do.")]
+PrefixShare = Annotated[float, typer.Option(
+    help="Prepend one shared system prompt making this share of the prompt tokens "
+         "(0 to 1, as auto_tune.sh's MIN_CACHE_HIT_PCT / 100).")]
 ThinkOpt = Annotated[Think, typer.Option(
     help="Think-time distribution: exponential (mean --think-time) or fixed.")]
 ChunkedPrefill = Annotated[bool | None, typer.Option(
@@ -169,7 +175,8 @@ def ceiling(  # one line per option, each defined above or in cli._options
     output: Output = None, csv_path: CsvPath = None, min_duration: MinDuration = None,
     max_duration: MaxDuration = None, validate: Validate = "5m",
     backlog_share: BacklogShare = 0.02, by: ByOpt = By.rate, think_time: ThinkTime = None,
-    think: ThinkOpt = Think.exponential,
+    think: ThinkOpt = Think.exponential, multi_turn: MultiTurn = False,
+    prefix_share: PrefixShare = 0.0,
 ) -> None:
     """Find the highest load (req/s, in flight or users) that meets the SLO with
     confidence, and a cap."""
@@ -203,6 +210,7 @@ def ceiling(  # one line per option, each defined above or in cli._options
                                      tokenizer=take("tokenizer", tokenizer)),
             context=max_model_len or take("sample_max_len", None) or DEFAULT_CONTEXT,
             dataset=dataset, input_len=input_len, output_len=output_len,
+            multi_turn=multi_turn, prefix_share=prefix_share,
             steady=_steady(take("min_duration", min_duration),
                            take("max_duration", max_duration), n,
                            take("backlog_share", backlog_share), rates.max_probes),

@@ -46,8 +46,9 @@ from autotune.tuning.options import (
 from autotune.tuning.validation import validate_cap
 from autotune.tuning.verdict import SteadyState
 from autotune.workload.arrivals import trace_offsets, trace_rate
-from autotune.workload.pool import is_file_dataset, pool_workload
+from autotune.workload.pool import check_shape, is_file_dataset, pool_workload
 from autotune.workload.sources import pool_size
+from autotune.workload.tokenizer import WorkloadError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +64,8 @@ class CeilingOptions:
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     context: int = 8192  # longest prompt + output kept from the dataset
     dataset: str = "sharegpt"  # synthetic, or a file's path (workload/dataset.py)
+    multi_turn: bool = False  # ShareGPT's whole conversations, each turn with its history
+    prefix_share: float = 0.0  # share of prompt tokens in one shared system prompt
     input_len: int = 256
     output_len: int = 128
     steady: SteadyState = field(default_factory=SteadyState)
@@ -82,6 +85,11 @@ class CeilingOptions:
     studies_dir: Path = Path("studies")  # the launched server's logs: ceiling/logs
 
     def __post_init__(self) -> None:
+        try:
+            check_shape(self.dataset, multi_turn=self.multi_turn,
+                        prefix_share=self.prefix_share)
+        except WorkloadError as exc:
+            raise OptionsError(str(exc)) from None
         if is_file_dataset(self.dataset) and not Path(self.dataset).is_file():
             raise OptionsError(f"--dataset {self.dataset}: no such file; give sharegpt, "
                                "synthetic, or the path of a JSONL or CSV file of requests")
@@ -163,7 +171,8 @@ def _workload(o: CeilingOptions) -> Any:
                          url=o.server.url if o.backend == "attach" else None,
                          model=o.server.model, total=pool_size(w.num_prompts) + w.warmup,
                          seed=w.seed, context=o.context, input_len=o.input_len,
-                         output_len=o.output_len)
+                         output_len=o.output_len, multi_turn=o.multi_turn,
+                         prefix_share=o.prefix_share)
 
 
 def _backend(o: CeilingOptions) -> tuple[Backend, str]:
@@ -251,7 +260,7 @@ def _search(o: CeilingOptions, probe: BackendProbe, seen: list[Probe]) -> Ceilin
         num_prompts=o.workload.num_prompts, max_num_prompts=o.max_num_prompts,
         repeats=o.repeats, confidence=o.confidence, headroom=o.rates.headroom,
         min_rate=o.min_rate, max_rate=o.max_rate,
-        lowest_rate=steady.lowest_rate(slo) if probe.unit.by == "rate" else None,
+        lowest_rate=steady.lowest_rate(slo),
         on_probe=on_probe,
         proof_cap_s=PROOF_CAP_S if steady.max_duration_s is None else steady.max_s(slo),
         unit=probe.unit)

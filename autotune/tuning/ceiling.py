@@ -465,13 +465,13 @@ class CeilingResult:
 
 
 def load_figures(p: Probe) -> dict[str, float | None]:
-    """A probe's load in every unit: the request rate its users reached (or that
-    arrived), the requests in flight on average (Little's law: that rate times the
-    mean end-to-end latency) and the P99 end-to-end latency, over its judged requests."""
+    """A probe's load in every unit, over its judged requests: the rate they were sent
+    at (by the users, or the arrival process), the requests in flight on average
+    (Little's law: that rate times their mean end-to-end latency) and their P99
+    end-to-end latency."""
     s = p.summary
-    ev = p.evidence
-    rate = ev.arrival_rate if ev is not None and ev.arrival_rate > 0 else (
-        s.request_throughput if s is not None else p.request_throughput)
+    rate = (s.scheduled_rate if s is not None and s.scheduled_rate > 0
+            else p.request_throughput)
     e2e = None if s is None else s.e2e
     return {"request_rate": _num(rate),
             "in_flight_mean": None if e2e is None else _num(rate * e2e.mean),
@@ -713,17 +713,19 @@ class _Search:
             raise BudgetSpent(f"the --budget ran out during the load test at "
                               f"{self.unit.fmt(self.cut_at)}, which was cut there")
 
-    def check_floor(self) -> None:
+    def check_floor(self) -> Probe | None:
         """Before the search halves its rate: once, a light-load test of whether any
-        rate can meet the SLO (raises BelowFloor when none can)."""
+        rate can meet the SLO (raises BelowFloor when none can); the test, when it ran
+        now."""
         if self.floor_checked or not _takes(self.probe, "light"):
-            return
+            return None
         self.floor_checked = True
         p = self.run_one(math.inf, FLOOR_REQUESTS, "floor",
                          note=f"light load: at most {FLOOR_CONCURRENCY} requests in flight")
         self.stop_if_cut()
         if p.verdict == "fail":
             raise BelowFloor(p.note or "the SLO is under the latency floor")
+        return p
 
     def evaluate(self, rate: float, phase: str) -> str:
         """Run one rate (re-running with more requests while uncertain); its verdict."""
@@ -994,7 +996,18 @@ def _run_search(search: _Search, *, start_rate: float | None, tol: float, repeat
                 raise CeilingError(
                     "the saturation probe completed no request: check the server")
             search.cap_est = search.unit.capacity(saturated)
-            start_rate = search.unit.start(saturated, _service_s(sat))
+            service = _service_s(sat)
+            if search.unit.whole:
+                # A user's cycle is its think time and its request's latency, which at
+                # light load the floor test measures (a token's time times the output
+                # length misses the first token's, which can be most of it).
+                floor = search.check_floor()
+                if floor is not None and floor.summary is not None and math.isfinite(
+                        floor.summary.e2e.p50):
+                    service = max(service, floor.summary.e2e.p50)
+            start_rate = search.unit.start(saturated, service)
+            if lowest_rate is not None:
+                lowest_rate = search.unit.level_of_rate(lowest_rate, service)
         floor_rate = _floor_rate(search, start_rate, min_rate, lowest_rate)
         if max_rate is not None:
             start_rate = min(start_rate, max_rate)
@@ -1039,7 +1052,9 @@ def _floor_rate(search: _Search, start_rate: float, min_rate: float | None,
     lowest rate whose test can still pass within its time cap, with a note saying why."""
     floor_rate = min_rate if min_rate is not None else start_rate / 32.0
     if search.unit.whole:
-        return max(floor_rate, 1.0)
+        floor_rate = max(floor_rate, 1.0)
+        if lowest_rate is not None and math.isfinite(lowest_rate):
+            lowest_rate = math.ceil(lowest_rate - 1e-9)  # whole users, enough of them
     if lowest_rate is not None and not math.isfinite(lowest_rate):
         search.notes.append(
             "no test can pass within its time cap (--max-duration): the cap ends "
@@ -1048,8 +1063,9 @@ def _floor_rate(search: _Search, start_rate: float, min_rate: float | None,
     elif lowest_rate is not None and lowest_rate > floor_rate:
         floor_rate = lowest_rate
         search.notes.append(
-            f"no rate under {_rate(lowest_rate)} req/s is planned: its test could not "
-            "gather the requests a pass needs within its time cap (--max-duration)")
+            f"no {search.unit.noun} under {search.unit.fmt(lowest_rate)} is planned: its "
+            "test could not gather the requests a pass needs within its time cap "
+            "(--max-duration)")
     return floor_rate
 
 

@@ -128,6 +128,16 @@ class LoadUnit:
             return 0.7 * saturated_rps
         return self.at(0.7 * saturated_rps * (self.closed.think_s + service_s))
 
+    def level_of_rate(self, rate: float, service_s: float) -> float:
+        """The level at which requests come at ``rate`` req/s: the rate; the speed of a
+        trace whose mean rate that is; the users who send it when each request takes
+        ``service_s`` plus the think time (Little's law)."""
+        if self.by == "speed":
+            return rate / (self.trace_rps or rate)
+        if self.closed is None:
+            return rate
+        return rate * (self.closed.think_s + service_s)
+
     def cap(self, feasible_max: float, headroom: float) -> float:
         """``headroom`` under the ceiling: whole users rounded down, at least one."""
         cap = feasible_max * (1.0 - headroom)

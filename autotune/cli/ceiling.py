@@ -178,8 +178,9 @@ def ceiling(  # one line per option, each defined above or in cli._options
     think: ThinkOpt = Think.exponential, multi_turn: MultiTurn = False,
     prefix_share: PrefixShare = 0.0,
 ) -> None:
-    """Find the highest load (req/s, in flight or users) that meets the SLO with
-    confidence, and a cap."""
+    """Find the highest load (req/s, in flight, users, trace speed) that meets the SLO.
+
+    With confidence, and a cap under it, validated by a long run."""
     with one_line_errors():
         trial_, settings = _stored_trial(study, trial, storage, studies_dir)
         take = Inherited(ctx, settings)

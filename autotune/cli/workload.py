@@ -37,8 +37,9 @@ def workload(  # one line per option
     compare: Compare = 2000, plot: PlotOpt = Path("workload.png"), output: Output = None,
     seed: Seed = 0,
 ) -> None:
-    """Describe a traffic file: lengths, conversations, shared prefixes and arrivals,
-    beside ShareGPT's, and which of them the simulator models."""
+    """Describe a traffic file beside ShareGPT, and what of it the simulator models.
+
+    Lengths, conversations, shared prefixes and arrivals, with a plot."""
     with one_line_errors():
         if compare < 0:
             raise UsageError(f"--compare must be 0 or more ShareGPT requests, got {compare}")

@@ -26,9 +26,10 @@ if TYPE_CHECKING:
     from autotune.tuning.verdict import SteadyState
 
 
-# A closed loop's test is planned as if each request took at least this long: its
-# users cannot send faster, so its requests last to the test's cap (which stops it).
-MIN_CYCLE_S = 0.25
+# A closed loop's test is planned as if each request took at least this long, and its
+# users could not send faster than ``closed_rate_cap``: its requests then last to the
+# test's cap, which stops it (a plan that ran out first ended the test undecided).
+MIN_CYCLE_S = 0.02
 # The most measured requests one test plans (a closed loop with no think time and a
 # fast server would plan millions); the stop rule ends a test long before.
 MAX_PLANNED = 1_000_000
@@ -59,6 +60,9 @@ class LoadPlan:
     # (ClosedLoop.users), and the arrival process, burstiness and max_concurrency are
     # unused.  None: open loop at ``rate`` req/s.
     closed: ClosedLoop | None = None
+    # The most req/s a closed loop's users can reach: a multiple of the saturated
+    # throughput, when a saturation test measured it (completions pace the users).
+    closed_rate_cap: float | None = None
 
     @property
     def replay(self) -> bool:
@@ -82,7 +86,8 @@ class LoadPlan:
         if self.closed is None:
             return self.offered_rate(rate)
         users = ClosedLoop.users(rate)
-        return users / (self.closed.think_s + MIN_CYCLE_S)
+        most = users / (self.closed.think_s + MIN_CYCLE_S)
+        return most if self.closed_rate_cap is None else min(most, self.closed_rate_cap)
 
     def measured_for(self, rate: float) -> list[Request]:
         """The measured requests a test at ``rate`` plans: the pool itself, or, when the

@@ -66,6 +66,9 @@ UNCOUNTED = ("saturation", "floor", "repeat")
 # whether any rate can meet the SLO before the search halves its rate toward zero.
 FLOOR_REQUESTS = 100
 FLOOR_CONCURRENCY = 4
+# A closed loop's test plans requests for at most this many times the saturated
+# throughput (a short saturation test reads under the capacity a steady one reaches).
+CLOSED_RATE_MARGIN = 3.0
 # "inconclusive": a load test sized by time that ran to its cap without a certain
 # verdict; "uncertain": a fixed-count probe whose point estimate passed but whose bound
 # did not.  Neither counts as passing.
@@ -853,6 +856,14 @@ def _validate(slo: SLO, start_rate: float | None, tol: float, max_probes: int,
         raise CeilingError(f"confidence must be between 0 and 1, got {confidence:g}")
     if not 0 <= headroom < 1:
         raise CeilingError(f"headroom must be in [0, 1) (e.g. 0.1 for 10%), got {headroom:g}")
+    for limit in slo.limits:
+        # The steady-state verdict's test of a limit needs an allowance under one half:
+        # said before the first probe, not after it.
+        try:
+            limit_test(limit)
+        except ValueError as exc:
+            raise CeilingError(f"{limit.label}: a steady-state test cannot judge this "
+                               f"percentile ({exc}); use P51 to P99.9") from None
 
 
 def check_settings(slo: SLO, *, start_rate: float | None, tol: float = 0.03,
@@ -1409,6 +1420,9 @@ class BackendProbe:
         # What a finite level counts: req/s, or users of a closed loop.  The saturation
         # and light-load tests stay open loop whatever it is.
         self.unit = unit
+        # The saturation test's throughput, once it ran: a closed loop's users complete
+        # no faster than a few times it, which sizes their tests.
+        self.saturated_rps: float | None = None
 
     def light_plan(self, n: int) -> Any:
         """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
@@ -1451,7 +1465,9 @@ class BackendProbe:
                         seed=seed, window_s=self.window_s,
                         request_timeout_s=self.request_timeout_s,
                         steady=self.steady if math.isfinite(rate) else None,
-                        closed=self.unit.closed if math.isfinite(rate) else None)
+                        closed=self.unit.closed if math.isfinite(rate) else None,
+                        closed_rate_cap=(None if self.saturated_rps is None
+                                         else CLOSED_RATE_MARGIN * self.saturated_rps))
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
                  prior: Prior = (), light: bool = False,
@@ -1484,6 +1500,9 @@ class BackendProbe:
             self.cursor += sum(1 for r in result.records
                                if not r.warmup and r.sent_s is not None)
         self.pool_ats.append(pool_at)
+        if math.isinf(rate) and not light and result.summary is not None:
+            self.saturated_rps = (completion_rate(result.records) or busy_rate(result.records)
+                                  or result.summary.request_throughput)
         if result.summary is None or result.reason == "crashed":
             raise CeilingError(
                 f"the probe at {self.unit.fmt(rate)} could not run "

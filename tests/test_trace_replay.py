@@ -120,7 +120,7 @@ def test_ceiling_by_speed_of_a_users_trace_file(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [
         "ceiling", "--backend", "sim", "--profile", "a100-80gb", "--model-profile",
         "llama-3-8b", "--gpus", "1", "--max-num-seqs", "32", "--dataset", str(trace),
-        "--by", "speed", "--slo-p99", "4s", "--min-duration", "30s", "--max-duration",
+        "--by", "speed", "--slo", "p90:e2e<=3s", "--min-duration", "30s", "--max-duration",
         "90s", "--warmup", "30", "--validate", "off", "--output", str(out)])
     assert result.exit_code == 0, result.stderr
     data = json.loads(out.read_text())

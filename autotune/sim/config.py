@@ -33,6 +33,12 @@ class EngineConfig:
     # chunked prefill at least max_model_len.
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool = True
+    # vLLM's automatic prefix caching (--enable-prefix-caching / --no-enable-prefix-caching).
+    # On by default: vLLM leaves the flag None and turns it on for every generative
+    # decoder-only model (engine/arg_utils.py,
+    # EngineArgs._set_default_chunked_prefill_and_prefix_caching_args, from
+    # ModelConfig.is_prefix_caching_supported; CacheConfig's default is True too).
+    enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
     block_size: int = 16
@@ -51,8 +57,10 @@ class EngineConfig:
         kwargs: dict[str, Any] = {}
         for raw, value in flags.items():
             name = raw.lstrip("-").replace("-", "_")
-            if name == "no_enable_chunked_prefill":
-                name, value = "enable_chunked_prefill", not _as_bool(value)
+            if name in ("no_enable_chunked_prefill", "no_enable_prefix_caching"):
+                name, value = name[3:], not _as_bool(value)
+            if value is None and name == "enable_prefix_caching":
+                continue  # vLLM's own default (None there too): on for our models
             if name not in known:
                 raise ValueError(f"unknown engine flag {raw!r}; known: {', '.join(known)}")
             kwargs[name] = _coerce(name, value)
@@ -70,6 +78,7 @@ class EngineConfig:
         return out
 
 
+_BOOLS = {"enable_chunked_prefill", "enable_prefix_caching"}
 _INTS = {"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
          "block_size", "api_server_count"}
 
@@ -95,7 +104,7 @@ def _coerce(name: str, value: Any) -> Any:
     except ValueError:  # int()'s own message names neither the flag nor its type
         word = "an integer" if name in _INTS else "a number"
         raise ValueError(f"{name}={value!r}: {name} takes {word}") from None
-    if name == "enable_chunked_prefill":
+    if name in _BOOLS:
         return _as_bool(value)
     return str(value)
 
@@ -111,6 +120,7 @@ class EngineSetup:
     max_num_seqs: int
     max_num_batched_tokens: int
     enable_chunked_prefill: bool
+    enable_prefix_caching: bool
     max_model_len: int
     block_size: int
     api_server_count: int
@@ -177,6 +187,7 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
         max_num_seqs=mns,
         max_num_batched_tokens=mnbt,
         enable_chunked_prefill=config.enable_chunked_prefill,
+        enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=max_model_len,
         block_size=config.block_size,
         api_server_count=config.api_server_count,

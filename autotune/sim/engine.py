@@ -34,7 +34,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from itertools import cycle, islice
+from itertools import cycle, islice, pairwise
 from typing import Any
 
 import numpy as np
@@ -45,6 +45,7 @@ from autotune.sim.costmodel import CostModel
 from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import HardwareProfile, ModelProfile, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Plan, Scheduler, Seq
+from autotune.workload.arrivals import conversation_order
 from autotune.workload.sources import Request
 
 ABORTED = "aborted: pruned"
@@ -83,6 +84,11 @@ class SimResult:
     # Front-end CPU over the measured window per API server, 0..1 (above 1 its backlog
     # grows); 0 when the profile gives the front end no cost.
     frontend_busy_fraction: float = 0.0
+    # Prefix caching, over the whole run (warm-up included), in prompt tokens as vLLM's
+    # vllm:prefix_cache_queries and vllm:prefix_cache_hits count them: a request's tokens
+    # and its cached ones, at its first admission (0 and 0 with caching off).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
     simulated: bool = True
     notes: list[str] = field(default_factory=list)
 
@@ -104,6 +110,8 @@ class SimResult:
             "total_steps": self.total_steps,
             "total_preemptions": self.total_preemptions,
             "frontend_busy_fraction": self.frontend_busy_fraction,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
             "engine": {
                 "model": s.model.name,
                 "hardware": s.hardware.label,
@@ -111,6 +119,7 @@ class SimResult:
                 "max_num_seqs": s.max_num_seqs,
                 "max_num_batched_tokens": s.max_num_batched_tokens,
                 "enable_chunked_prefill": s.enable_chunked_prefill,
+                "enable_prefix_caching": s.enable_prefix_caching,
                 "max_model_len": s.max_model_len,
                 "num_gpu_blocks": s.num_gpu_blocks,
                 "api_server_count": s.api_server_count,
@@ -250,7 +259,10 @@ class _Run:
         # Open loop: sends in arrival order, fixed in advance.  Closed loop (``think``):
         # each user's next send is known only once its request ends, so pending sends are
         # a heap of (time, user); the arrival source is chosen here, once, so the open
-        # loop's path stays as it was.
+        # loop's path stays as it was.  A closed-loop user sends a conversation's turns in
+        # order (``next_turn``), then takes the next conversation no user has started
+        # (``firsts[next_conv]``); ``user_next`` is what each user sends next (-1: a new
+        # conversation, taken when it sends).
         self.closed = think_s is not None
         self.think: list[float] = [] if think_s is None else think_s.tolist()
         self.dispatch_until: Callable[[float], None]
@@ -266,6 +278,9 @@ class _Run:
             heapq.heapify(self.pending)
             self.dispatch_until = self._dispatch_closed_until
         self.user_of: list[int] = [0] * len(requests) if self.closed else []
+        self.firsts, self.next_turn = _conversations(requests) if self.closed else ([], [])
+        self.next_conv = 0
+        self.user_next: list[int] = [-1] * len(arrivals) if self.closed else []
         self.warmup = warmup
         self.max_concurrency = max_concurrency
         self.on_window = on_window
@@ -332,20 +347,27 @@ class _Run:
                 self._send(i, at)
 
     def _dispatch_closed_until(self, t: float) -> None:
-        """Closed loop: send, in time order, every request whose user sends it by ``t``;
-        the k-th send takes ``requests[k]``.  No gate: a user has one request in flight."""
-        pending, last = self.pending, len(self.requests) - 1
+        """Closed loop: send, in time order, every request whose user sends it by ``t``:
+        its conversation's next turn, or the first turn of the next conversation no user
+        has started.  No gate: a user has one request in flight."""
+        pending, firsts, user_next = self.pending, self.firsts, self.user_next
         while self.t_arrival <= t:
             at, user = heapq.heappop(pending)
-            k = self.next_arrival
-            self.next_arrival = k + 1
-            if k == last:
-                pending.clear()  # the other users have nothing left to send
+            i = user_next[user]
+            if i < 0:
+                i = firsts[self.next_conv]
+                self.next_conv += 1
+                if self.next_conv == len(firsts):
+                    # Users waiting to start a conversation have none left to start;
+                    # their sends must not stop the engine's stretches.
+                    pending[:] = [(a, u) for a, u in pending if user_next[u] >= 0]
+                    heapq.heapify(pending)
+            self.next_arrival += 1
             # Before the send: a refusal ends at once and may push an earlier send.
             self.t_arrival = pending[0][0] if pending else math.inf
-            self.user_of[k] = user
-            self._record(k, at)
-            self._send(k, at)
+            self.user_of[i] = user
+            self._record(i, at)
+            self._send(i, at)
 
     def _record(self, i: int, at: float) -> None:
         """The record of request ``i``, scheduled (and dispatched) at ``at``."""
@@ -377,7 +399,8 @@ class _Run:
             self._release_slot(i, t)
             return
         rec.status = 200
-        seq = Seq(rid=i, prompt_tokens=req.prompt_tokens, max_output=req.output_tokens)
+        seq = Seq(rid=i, prompt_tokens=req.prompt_tokens, max_output=req.output_tokens,
+                  prefix=req.prefix)
         self.seqs[i] = seq
         self.flushed[i] = 0
         if self.fe is None:
@@ -405,11 +428,15 @@ class _Run:
             self._send(self.gated.popleft(), t)
 
     def _user_next(self, i: int, t: float) -> None:
-        """Closed loop: request ``i``'s user sends again after its think time."""
-        if self.next_arrival >= len(self.requests):
+        """Closed loop: request ``i``'s user sends again after its think time: the next
+        turn of its conversation, else a conversation no user has started, if any."""
+        turn = self.next_turn[i]
+        if turn < 0 and self.next_conv >= len(self.firsts):
             return
+        user = self.user_of[i]
+        self.user_next[user] = turn
         at = t + self.think[i]
-        heapq.heappush(self.pending, (at, self.user_of[i]))
+        heapq.heappush(self.pending, (at, user))
         # It may come before every pending send, and the loop and the stretches stop at
         # ``t_arrival``.  It never comes before the start of a step already taken, so no
         # step ran without seeing it: without a front end, a decode stretch stops short
@@ -835,6 +862,21 @@ class _Run:
             self._fire_windows(self.next_boundary)
 
 
+def _conversations(requests: Sequence[Request]) -> tuple[list[int], list[int]]:
+    """A closed loop's conversations, grouped as the HTTP load generator groups them
+    (``workload.arrivals.conversation_order``): the first turn of each, in order, and
+    each request's next turn (-1: its conversation's last)."""
+    n = len(requests)
+    if all(r.conversation is None for r in requests):
+        return list(range(n)), [-1] * n
+    groups = conversation_order(requests)
+    next_turn = [-1] * n
+    for group in groups:
+        for a, b in pairwise(group):
+            next_turn[a] = b
+    return [group[0] for group in groups], next_turn
+
+
 def _stats(run: _Run, end_time: float) -> SimResult:
     setup, st = run.setup, run.steps.arrays()
     n = st.n
@@ -863,6 +905,7 @@ def _stats(run: _Run, end_time: float) -> SimResult:
         pre = 0
     timeline = _timeline(st, run.window_s, end_time, nblocks)
     fe_busy = _frontend_busy(run, measured, span)
+    cache = run.sched.prefix_cache
     notes = []
     if fe_busy >= 0.95:
         notes.append(f"the API server front end was busy {fe_busy:.0%} of the measured "
@@ -885,6 +928,8 @@ def _stats(run: _Run, end_time: float) -> SimResult:
         total_steps=n,
         total_preemptions=int(cum_pre[-1]) if n else 0,
         frontend_busy_fraction=fe_busy,
+        prefix_cache_queries=cache.queries if cache is not None else 0,
+        prefix_cache_hits=cache.hits if cache is not None else 0,
         notes=notes,
     )
 
@@ -943,12 +988,16 @@ def simulate(
     ``max_concurrency`` caps requests in flight as the load generator does.
 
     Closed loop (``think_s`` given, one think time per request): ``arrivals`` are the
-    first sends of ``len(arrivals)`` virtual users (any number >= 1).  Requests are taken
-    in send order, over all users: the k-th sent is ``requests[k]`` (warm-up when
-    ``k < warmup``), and when the client sees it end at ``t`` (finished, or refused with
-    a 400) its user sends the next one at ``t + think_s[k]``, until ``len(requests)``
-    have been sent.  A record's ``scheduled_s``, ``dispatched_s`` and ``sent_s`` are that
-    send.  Each user has one request in flight, so ``max_concurrency`` must be None.
+    first sends of ``len(arrivals)`` virtual users (any number >= 1).  A user sends one
+    conversation's turns in order (``Request.conversation``, by ``turn``; a request
+    without one is a conversation of one turn): when the client sees request ``i`` end at
+    ``t`` (finished, or refused with a 400) its user sends its conversation's next turn at
+    ``t + think_s[i]``, or, after the last turn, the first turn of the next conversation
+    no user has started (conversations in the order of their first request in
+    ``requests``), until every request has been sent.  Without conversations the k-th
+    send is ``requests[k]``.  Warm-up requests are the first ``warmup`` of ``requests``.
+    A record's ``scheduled_s``, ``dispatched_s`` and ``sent_s`` are that send.  Each user
+    has one request in flight, so ``max_concurrency`` must be None.
 
     ``on_window(now, measured_records)`` is called at every ``window_s`` boundary of
     virtual time; returning True aborts the test (nothing is sent after it) and marks

@@ -20,12 +20,18 @@ before the one being preempted is already scheduled), so ``computed = c_base + s
 and their KV-block needs are counted by phase (``computed mod block_size``).  A step then
 costs O(prefills + admissions + finishes), not O(running), and a stretch of decode-only
 steps can be advanced in one call (:meth:`advance_decode`).
+
+With ``enable_prefix_caching`` the KV blocks are also vLLM's automatic prefix cache
+(:class:`PrefixCache`): a request is admitted with the longest run of its shared prompt
+blocks that is cached, and a freed block stays cached, and counted free, until an
+allocation that finds no uncached free block evicts it, least recently freed first.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, OrderedDict, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -57,6 +63,15 @@ class Seq:
     # sampled by the i-th step listed here.
     segments: list[tuple[int, int]] = field(default_factory=list)
     preemptions: int = 0
+    # Request.prefix: the prompt's shared prefixes, shortest first, as (key, tokens).
+    prefix: tuple[tuple[str, int], ...] = ()
+    # Prefix caching only.  ``keyed[i]`` is the id of the prompt's full block i where the
+    # block lies inside a shared prefix (``PrefixCache.ids``); later blocks are its own.
+    keyed: tuple[int, ...] = ()
+    # While running: for each keyed block allocated so far, whether this seq holds a
+    # reference on the cached block of that id (False: another request had already
+    # cached the id when this one computed it, so this copy is the seq's own).
+    held: list[bool] | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -81,6 +96,219 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def block_spans(prefix: Sequence[tuple[str, int]], prompt_tokens: int,
+                block_size: int) -> list[tuple[str, int, int]]:
+    """Which shared prefix each of a prompt's full blocks belongs to: ``(key, first,
+    end)`` for blocks ``first .. end - 1``, in block order; blocks after the last span
+    are the request's own.
+
+    Block i (tokens ``[B i, B (i + 1))``) belongs to the first segment of ``prefix``
+    with at least ``B (i + 1)`` tokens: every prompt naming that key has the same tokens
+    up to there, so the same block and the same blocks before it (vLLM hashes a block
+    with its parent's hash).  A segment longer than the prompt counts as the prompt.
+    """
+    spans: list[tuple[str, int, int]] = []
+    done = 0
+    for key, tokens in prefix:
+        # Segments come shortest first; one no longer than those before adds nothing,
+        # which still gives each block the first segment long enough.
+        n = min(tokens, prompt_tokens) // block_size
+        if n > done:
+            spans.append((key, done, n))
+            done = n
+    return spans
+
+
+def block_ids(prefix: Sequence[tuple[str, int]], prompt_tokens: int,
+              block_size: int) -> tuple[tuple[str, int], ...]:
+    """The ids ``(key, i)`` of a prompt's shared full blocks (``block_spans``): two
+    prompts' blocks with one id hold the same tokens, as two equal chained block hashes
+    do in vLLM."""
+    return tuple((key, i) for key, a, b in block_spans(prefix, prompt_tokens, block_size)
+                 for i in range(a, b))
+
+
+class PrefixCache:
+    """vLLM V1's automatic prefix cache, on the scheduler's block counts.
+
+    What vLLM does (``vllm/v1/core/block_pool.py``, ``kv_cache_manager.py``): every full
+    block is hashed; a cached block is shared by every running request that hits it (a
+    reference count); a freed block (reference count 0) goes back to the free queue but
+    keeps its hash, so it is still counted free and may still be hit, until an
+    allocation takes it.  Uncached free blocks are handed out first, then cached ones in
+    the order they were freed (``free_blocks`` appends cached blocks, a request's tail
+    block first), which makes eviction least-recently-freed first.
+
+    Here only blocks in a shared prefix can ever be hit (prompts never resend generated
+    text, and a request's own blocks are not looked up again: see docs/simulator.md), so
+    only those are tracked, by an int id (``ids``: the key's number, then the block's);
+    ``refs`` holds the cached ones, ``lru`` the evictable blocks in eviction order:
+    shared blocks by id (>= 0, value 1), and runs of a request's own full blocks by a
+    negative key (value: how many).  Own blocks are cached in vLLM too, so they take
+    their turn in the eviction order, but no lookup can hit them.  A run at the front is
+    as good as an uncached free block (nothing that could be hit is before it), so the
+    front is always a shared block.
+
+    Evictions are applied lazily: allocations only lower the scheduler's free count, and
+    :meth:`settle` evicts what they took beyond the uncached free blocks before the
+    cache is next read or changed (the scheduler calls it before every lookup and free).
+    Work is block by block, as vLLM's is (a lookup, a hit and a free each cost one dict
+    operation per block).
+    """
+
+    def __init__(self, block_size: int) -> None:
+        self.block_size = block_size
+        self._keys: dict[str, int] = {}  # prefix key -> its number in block ids
+        # Cached shared blocks -> running seqs holding each (a Counter: bulk increments).
+        self.refs: Counter[int] = Counter()
+        self.lru: OrderedDict[int, int] = OrderedDict()  # evictable, in eviction order
+        self.evictable = 0  # blocks in ``lru``: cached and free
+        self._runs = 0  # -key of the last run of own blocks
+        # vLLM's PrefixCacheStats, in tokens: lookups of requests never preempted (what
+        # vllm:prefix_cache_queries / vllm:prefix_cache_hits count), and of resumed ones.
+        self.queries = self.hits = 0
+        self.preempted_queries = self.preempted_hits = 0
+
+    def ids(self, prefix: Sequence[tuple[str, int]], prompt_tokens: int) -> tuple[int, ...]:
+        """``block_ids`` as ints: key number << 32 | block index."""
+        out: list[int] = []
+        for key, a, b in block_spans(prefix, prompt_tokens, self.block_size):
+            base = self._keys.setdefault(key, len(self._keys)) << 32
+            out.extend(range(base + a, base + b))
+        return tuple(out)
+
+    def settle(self, free: int) -> None:
+        """Evict what allocations took beyond the uncached free blocks (``free`` is the
+        scheduler's free count, evictable blocks included)."""
+        lru, refs = self.lru, self.refs
+        while self.evictable > free:
+            key, n = lru.popitem(last=False)
+            self.evictable -= n
+            if key >= 0:
+                del refs[key]
+            self._strip()
+
+    def _strip(self) -> None:
+        """Runs of own blocks at the front count as uncached free blocks from now on."""
+        lru = self.lru
+        while lru:
+            key = next(iter(lru))
+            if key >= 0:
+                return
+            self.evictable -= lru.pop(key)
+
+    def _append_run(self, n: int) -> None:
+        lru = self.lru
+        if not lru:
+            return  # nothing hittable before them: as good as uncached free blocks
+        last = next(reversed(lru))
+        if last >= 0:
+            self._runs += 1
+            lru[-self._runs] = n
+        else:
+            lru[last] += n
+        self.evictable += n
+
+    def lookup(self, keyed: tuple[int, ...], limit: int) -> tuple[int, int]:
+        """(blocks hit, how many of them are evictable): the longest run of ``keyed``'s
+        first ``limit`` blocks that is cached (a miss ends it, as a chained hash does)."""
+        get = self.refs.get
+        n = ev = 0
+        for bid in keyed[:limit]:
+            r = get(bid)
+            if r is None:
+                break
+            n += 1
+            if not r:
+                ev += 1
+        return n, ev
+
+    def admit(self, seq: Seq, hits: int, evictable: int, upto: int) -> None:
+        """``seq`` takes its first ``hits`` blocks from the cache (``evictable`` of them
+        were free: vLLM's ``touch`` takes them off the free queue) and caches its keyed
+        blocks up to ``upto``, the full blocks of its first chunk (vLLM caches a block
+        when it allocates it)."""
+        refs = self.refs
+        hit = seq.keyed[:hits]
+        if evictable:
+            lru = self.lru
+            for bid in hit:
+                if not refs[bid]:
+                    del lru[bid]
+            self.evictable -= evictable
+            self._strip()
+        refs.update(hit)
+        seq.held = [True] * hits
+        self.cache(seq, upto)
+
+    def cache(self, seq: Seq, upto: int) -> None:
+        """Cache ``seq``'s keyed blocks before ``upto`` that it has not cached yet."""
+        held, refs = seq.held, self.refs
+        assert held is not None
+        new = seq.keyed[len(held):upto]
+        if refs.keys().isdisjoint(new):
+            refs.update(new)
+            held += [True] * len(new)
+            return
+        for bid in new:
+            if bid in refs:
+                held.append(False)  # cached by another request first: this copy is own
+            else:
+                refs[bid] = 1
+                held.append(True)
+
+    def release(self, seq: Seq, full: int, blocks: int) -> int:
+        """``seq`` frees its ``blocks`` blocks, the first ``full`` of them full: how many
+        become free (its shared blocks that another running request holds do not).
+
+        In vLLM's order: the tail first (a partial block is uncached, so handed out
+        first), then its own full blocks, then its shared ones, last to first.
+        """
+        held = seq.held or []
+        seq.held = None
+        n = len(held)
+        own = full - n
+        if own:
+            self._append_run(own)
+        if not n:
+            return blocks
+        refs, lru = self.refs, self.lru
+        ids = seq.keyed[n - 1::-1]
+        if all(held):
+            counts = list(map(refs.__getitem__, ids))
+            dict.update(refs, zip(ids, [c - 1 for c in counts], strict=True))
+            freed = blocks - n
+            for bid, c in zip(ids, counts, strict=True):
+                if c == 1:  # its last holder: evictable from now on
+                    lru[bid] = 1
+                    freed += 1
+            self.evictable += freed - (blocks - n)
+            return freed
+        freed = blocks - n
+        for bid, mine in zip(ids, reversed(held), strict=True):
+            if not mine:
+                self._append_run(1)
+                freed += 1
+                continue
+            r = refs[bid] - 1
+            refs[bid] = r
+            if not r:
+                lru[bid] = 1
+                self.evictable += 1
+                freed += 1
+        return freed
+
+    def record(self, seq: Seq, hit_tokens: int) -> None:
+        """Count a lookup as vLLM's ``PrefixCacheStats.record`` does (in tokens, at
+        admission; a resumed request's apart)."""
+        if seq.preemptions:
+            self.preempted_queries += seq.total_tokens
+            self.preempted_hits += hit_tokens
+        else:
+            self.queries += seq.total_tokens
+            self.hits += hit_tokens
+
+
 class Scheduler:
     @classmethod
     def for_setup(cls, setup: EngineSetup) -> Scheduler:
@@ -88,7 +316,8 @@ class Scheduler:
         return cls(max_num_seqs=setup.max_num_seqs,
                    max_num_batched_tokens=setup.max_num_batched_tokens,
                    num_blocks=setup.num_gpu_blocks, block_size=setup.block_size,
-                   enable_chunked_prefill=setup.enable_chunked_prefill)
+                   enable_chunked_prefill=setup.enable_chunked_prefill,
+                   enable_prefix_caching=setup.enable_prefix_caching)
 
     def __init__(
         self,
@@ -98,6 +327,7 @@ class Scheduler:
         num_blocks: int,
         block_size: int,
         enable_chunked_prefill: bool,
+        enable_prefix_caching: bool = False,
     ) -> None:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError("max_num_batched_tokens must be >= max_num_seqs")
@@ -119,6 +349,8 @@ class Scheduler:
         self._rev = np.zeros(0, dtype=np.int64)  # (-j) mod block_size; grown on demand
         self._sum_cbase = 0
         self._heap: list[tuple[int, int, int, Seq]] = []  # (finish step, epoch, rid, seq)
+        # None: no prefix caching, and every path is the one without it.
+        self.prefix_cache = PrefixCache(block_size) if enable_prefix_caching else None
 
     # ---- queries ------------------------------------------------------------------
     @property
@@ -154,6 +386,8 @@ class Scheduler:
         if seq.max_output < 1:
             raise ValueError(f"request {seq.rid}: max_output must be >= 1")
         seq.state = WAITING
+        if self.prefix_cache is not None and seq.prefix and not seq.keyed:
+            seq.keyed = self.prefix_cache.ids(seq.prefix, seq.prompt_tokens)
         self.waiting.append(seq)
 
     def abort(self, seq: Seq) -> None:
@@ -184,7 +418,21 @@ class Scheduler:
             self._leave_decode(seq, self.step - 1)
         elif seq.state == PREFILL:
             self.prefilling.remove(seq)
-        self.free_blocks += seq.blocks
+        self._free(seq)
+
+    def _free(self, seq: Seq) -> None:
+        """Give back ``seq``'s KV blocks (its ``computed`` is up to date)."""
+        cache = self.prefix_cache
+        if cache is None or (seq.held is None and not cache.lru):
+            # Nothing of it can be hit, and nothing evictable is queued before it: its
+            # blocks are as good as uncached ones.
+            self.free_blocks += seq.blocks
+        else:
+            # The evictions of the allocations so far come before these blocks join the
+            # free queue (they are the most recently freed).
+            cache.settle(self.free_blocks)
+            full = min(seq.blocks, seq.computed // self.block_size)
+            self.free_blocks += cache.release(seq, full, seq.blocks)
         seq.blocks = 0
 
     def _preempt_newest(self, preempted: list[Seq]) -> Seq:
@@ -257,10 +505,19 @@ class Scheduler:
             seq.blocks += need
             budget -= chunk
             prefills.append((seq, chunk, seq.computed))
+            if seq.held is not None and len(seq.held) < len(seq.keyed):
+                assert self.prefix_cache is not None
+                self.prefix_cache.cache(seq, (seq.computed + chunk) // bs)
 
         if not preempted:
+            cache = self.prefix_cache
             while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
                 seq = self.waiting[0]
+                if cache is not None and seq.keyed:
+                    budget = self._admit_cached(seq, budget, prefills)
+                    if budget < 0:
+                        break
+                    continue
                 num_new = seq.total_tokens
                 if not self.chunked and num_new > budget:
                     break
@@ -277,6 +534,8 @@ class Scheduler:
                 self.prefilling.append(seq)
                 budget -= chunk
                 prefills.append((seq, chunk, 0))
+                if cache is not None:
+                    cache.record(seq, 0)  # nothing it could hit: a query all the same
 
         kv = float(self._sum_cbase + num_decode * (self.step + 1))
         pairs = kv
@@ -287,6 +546,50 @@ class Scheduler:
             pairs += chunk * (ctx + (chunk + 1) / 2)
         return Plan(self.step, num_decode, prefills, preempted, tokens,
                     num_decode + len(prefills), kv, pairs)
+
+    def _hits(self, seq: Seq) -> tuple[int, int]:
+        """The head of the queue's prefix-cache lookup: (blocks hit, evictable among
+        them).  vLLM looks up at most ``num_tokens - 1`` tokens' full blocks
+        (``KVCacheManager.get_computed_blocks``): the last token is always computed, for
+        its logits."""
+        cache = self.prefix_cache
+        if cache is None or not seq.keyed:
+            return 0, 0
+        cache.settle(self.free_blocks)
+        return cache.lookup(seq.keyed, (seq.total_tokens - 1) // self.block_size)
+
+    def _admit_cached(self, seq: Seq, budget: int,
+                      prefills: list[tuple[Seq, int, int]]) -> int:
+        """Admit the head of the queue, a seq with shared blocks, with prefix caching on:
+        the budget left, or -1 when it cannot be admitted now (the queue waits, as
+        without caching)."""
+        cache = self.prefix_cache
+        assert cache is not None
+        bs = self.block_size
+        hits, evictable = self._hits(seq)
+        hit_tokens = hits * bs
+        num_new = seq.total_tokens - hit_tokens
+        if not self.chunked and num_new > budget:
+            return -1
+        chunk = min(num_new, budget)
+        blocks = _cdiv(hit_tokens + chunk, bs)
+        # Hit blocks held by another request cost nothing; an evictable one leaves the
+        # free queue (vLLM counts it in get_num_blocks_to_allocate).
+        need = blocks - hits + evictable
+        if need > self.free_blocks:
+            return -1
+        self.waiting.popleft()
+        self.free_blocks -= need
+        seq.blocks = blocks
+        seq.computed = hit_tokens
+        seq.state = PREFILL
+        self.running.append(seq)
+        self.prefilling.append(seq)
+        cache.record(seq, hit_tokens)
+        cache.admit(seq, hits, evictable, (hit_tokens + chunk) // bs)
+        # The chunk's context is the cached prefix: attention reads it, nothing computes it.
+        prefills.append((seq, chunk, hit_tokens))
+        return budget - chunk
 
     def complete(self, plan: Plan) -> tuple[list[Seq], list[Seq]]:
         """Apply a planned step: (seqs that sampled their first token of a stint, finished)."""
@@ -312,8 +615,7 @@ class Scheduler:
             started.append(seq)
             if seq.generated >= seq.max_output:
                 seq.segments.append((step, step))
-                self.free_blocks += seq.blocks
-                seq.blocks = 0
+                self._free(seq)
                 seq.state = FINISHED
                 self.running.remove(seq)
                 finished.append(seq)
@@ -323,23 +625,40 @@ class Scheduler:
 
     def _finish(self, seq: Seq, last_step: int, finished: list[Seq]) -> None:
         self._leave_decode(seq, last_step)
-        self.free_blocks += seq.blocks
-        seq.blocks = 0
+        self._free(seq)
         seq.state = FINISHED
         self.running.remove(seq)
         finished.append(seq)
 
     # ---- decode-only stretches ----------------------------------------------------
     def _head_admissible(self) -> bool:
+        """Whether the head of the queue may be admitted before the running sequences
+        change: now, or, with prefix caching, once decode steps have evicted blocks."""
         if not self.waiting or len(self.running) >= self.max_num_seqs:
             return False
         budget = self.max_num_batched_tokens - self.num_decode
         if budget <= 0:
             return False
-        num_new = self.waiting[0].total_tokens
-        if not self.chunked and num_new > budget:
-            return False
-        return _cdiv(min(num_new, budget), self.block_size) <= self.free_blocks
+        seq = self.waiting[0]
+        num_new = seq.total_tokens
+        if self.prefix_cache is None or not seq.keyed:
+            if not self.chunked and num_new > budget:
+                return False
+            return _cdiv(min(num_new, budget), self.block_size) <= self.free_blocks
+        bs = self.block_size
+        hits, evictable = self._hits(seq)
+        rest = num_new - hits * bs
+        if not self.chunked and rest > budget:
+            return False  # fewer hits later only leave more to compute
+        need = _cdiv(hits * bs + min(rest, budget), bs) - hits + evictable
+        if self.chunked and budget < num_new:
+            # Decode steps may evict the head's evictable hits (a lost hit loses every
+            # later one).  When the budget cuts the chunk, the need is the chunk's blocks
+            # plus the evictable hits, so each one lost lowers it, down to the chunk's
+            # blocks; for a whole chunk a lost hit never lowers it.  Free blocks only go
+            # down meanwhile: the head stays out if it stays out at its lowest need.
+            need = min(need, _cdiv(budget, bs))
+        return need <= self.free_blocks
 
     def decode_stretch(self) -> tuple[int, np.ndarray]:
         """How many next steps are plain decodes of the same sequences, and their block needs.

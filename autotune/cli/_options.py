@@ -132,3 +132,14 @@ MaxProbes = Annotated[int, typer.Option(help="Load tests one trial's rate search
 Validate = Annotated[str, typer.Option(
     help="Run the recommended config at its cap this long before recommending it "
          "(virtual time on the simulator); 'off' skips it.")]
+
+# -- the workload's source (ceiling, search)
+DatasetSource = Annotated[str, typer.Option(
+    "--dataset", help="Request source: sharegpt, synthetic, or the path of your own "
+                      "requests (JSON lines, CSV or an OpenAI request log; docs/workload.md).")]
+MultiTurn = Annotated[bool, typer.Option(
+    "--multi-turn", help="ShareGPT's whole conversations: each turn resends the history "
+                         "so far, as chat clients do.")]
+PrefixShare = Annotated[float, typer.Option(
+    help="Prepend one shared system prompt making this share of the prompt tokens "
+         "(0 to 1, as auto_tune.sh's MIN_CACHE_HIT_PCT / 100).")]

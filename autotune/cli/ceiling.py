@@ -25,12 +25,15 @@ from autotune.cli._options import (
     VLLM_CMD,
     WARMUP,
     BacklogShare,
+    DatasetSource,
     InputLen,
     MaxDuration,
     MaxModelLen,
     MinDuration,
+    MultiTurn,
     NumPrompts,
     OutputLen,
+    PrefixShare,
     Seed,
     Slo,
     SloP99,
@@ -52,6 +55,7 @@ from autotune.tuning.ceiling import search_looks
 from autotune.tuning.options import DEFAULT_CONTEXT, RateSearch, WorkloadOptions
 from autotune.tuning.record import StoredTrial
 from autotune.tuning.verdict import SteadyState
+from autotune.workload.pool import PoolOptions
 
 
 class Backend(str, Enum):
@@ -92,12 +96,6 @@ ByOpt = Annotated[By, typer.Option(
 ThinkTime = Annotated[str | None, typer.Option(
     help="--by users: a user's mean think time between a reply and its next request, "
          "e.g. 20s.")]
-MultiTurn = Annotated[bool, typer.Option(
-    "--multi-turn", help="ShareGPT's whole conversations: each turn resends the history "
-                         "so far, as chat clients do.")]
-PrefixShare = Annotated[float, typer.Option(
-    help="Prepend one shared system prompt making this share of the prompt tokens "
-         "(0 to 1, as auto_tune.sh's MIN_CACHE_HIT_PCT / 100).")]
 ThinkOpt = Annotated[Think, typer.Option(
     help="Think-time distribution: exponential (mean --think-time) or fixed.")]
 ChunkedPrefill = Annotated[bool | None, typer.Option(
@@ -136,9 +134,6 @@ MinRate = Annotated[float | None, typer.Option(
 MaxRate = Annotated[float | None, typer.Option(
     help="Highest rate to try (default: none; with --study, the space's top request_rate).")]
 NoPrune = Annotated[bool, typer.Option("--no-prune", help="Run every probe to the end.")]
-DatasetOpt = Annotated[str, typer.Option(
-    help="Request source: sharegpt, synthetic, or the path of your own requests (JSON "
-         "lines, CSV or an OpenAI request log; see docs/workload.md).")]
 Tokenizer = Annotated[str | None, typer.Option(
     help="Path to the model's tokenizer.json (default: the server's /tokenize, else "
          "mistral-common's tekken).")]
@@ -170,7 +165,7 @@ def ceiling(  # one line per option, each defined above or in cli._options
     num_prompts: NumPrompts = NUM_PROMPTS, max_num_prompts: MaxNumPrompts = 2400,
     repeats: Repeats = 1, headroom: Headroom = 0.10, confidence: Confidence = 0.95,
     min_rate: MinRate = None, max_rate: MaxRate = None, warmup: Warmup = WARMUP,
-    seed: Seed = 0, no_prune: NoPrune = False, dataset: DatasetOpt = "sharegpt",
+    seed: Seed = 0, no_prune: NoPrune = False, dataset: DatasetSource = "sharegpt",
     input_len: InputLen = 256, output_len: OutputLen = 128, tokenizer: Tokenizer = None,
     output: Output = None, csv_path: CsvPath = None, min_duration: MinDuration = None,
     max_duration: MaxDuration = None, validate: Validate = "5m",
@@ -210,8 +205,9 @@ def ceiling(  # one line per option, each defined above or in cli._options
                                      seed=take("seed", seed),
                                      tokenizer=take("tokenizer", tokenizer)),
             context=max_model_len or take("sample_max_len", None) or DEFAULT_CONTEXT,
-            dataset=dataset, input_len=input_len, output_len=output_len,
-            multi_turn=multi_turn, prefix_share=prefix_share,
+            pool=PoolOptions(dataset=dataset, multi_turn=multi_turn,
+                             prefix_share=prefix_share),
+            input_len=input_len, output_len=output_len,
             steady=_steady(take("min_duration", min_duration),
                            take("max_duration", max_duration), n,
                            take("backlog_share", backlog_share), rates.max_probes),

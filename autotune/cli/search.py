@@ -20,6 +20,7 @@ from autotune.cli._options import (
     AttachUrl,
     BacklogShare,
     Budget,
+    DatasetSource,
     GpuIds,
     Gpus,
     Headroom,
@@ -29,11 +30,13 @@ from autotune.cli._options import (
     MinDuration,
     Mlflow,
     Model,
+    MultiTurn,
     NoPrune,
     NTrials,
     NumPrompts,
     Objective,
     PerGpu,
+    PrefixShare,
     Prescreen,
     PrescreenTrials,
     Profile,
@@ -74,6 +77,7 @@ from autotune.cli._parse import (
 from autotune.search import pipeline
 from autotune.search.options import SearchOptions, TwinOptions
 from autotune.tuning.options import OptionsError, RateSearch, WorkloadOptions
+from autotune.workload.pool import PoolOptions
 
 
 @app.command("search")
@@ -93,7 +97,8 @@ def search(  # one line per option, each defined in cli._options
     validate: Validate = "5m", wandb: Wandb = None, mlflow: Mlflow = None,
     startup_timeout: StartupTimeout = 900.0, gpu_ids: GpuIds = None,
     vllm_env: VllmEnv = None, twin: Twin = False, twin_prior: TwinPrior = None,
-    twin_candidates: TwinCandidates = 12,
+    twin_candidates: TwinCandidates = 12, dataset: DatasetSource = "sharegpt",
+    multi_turn: MultiTurn = False, prefix_share: PrefixShare = 0.0,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     with one_line_errors():
@@ -110,6 +115,8 @@ def search(  # one line per option, each defined in cli._options
             profile_given=profile is not None,
             workload=WorkloadOptions(num_prompts=num_prompts, warmup=warmup, seed=seed,
                                      tokenizer=tokenizer, max_model_len=max_model_len),
+            pool=PoolOptions(dataset=dataset, multi_turn=multi_turn,
+                             prefix_share=prefix_share),
             server=server_options(model=model, url=url, vllm_cmd=vllm_cmd,
                                   startup_timeout=startup_timeout, gpu_ids=gpu_ids,
                                   vllm_env=vllm_env),

@@ -46,9 +46,8 @@ from autotune.tuning.options import (
 from autotune.tuning.validation import validate_cap
 from autotune.tuning.verdict import SteadyState
 from autotune.workload.arrivals import trace_offsets, trace_rate
-from autotune.workload.pool import check_shape, is_file_dataset, pool_workload
+from autotune.workload.pool import PoolOptions, pool_workload
 from autotune.workload.sources import pool_size
-from autotune.workload.tokenizer import WorkloadError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,9 +62,7 @@ class CeilingOptions:
     server: ServerOptions = field(default_factory=ServerOptions)
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     context: int = 8192  # longest prompt + output kept from the dataset
-    dataset: str = "sharegpt"  # synthetic, or a file's path (workload/dataset.py)
-    multi_turn: bool = False  # ShareGPT's whole conversations, each turn with its history
-    prefix_share: float = 0.0  # share of prompt tokens in one shared system prompt
+    pool: PoolOptions = field(default_factory=PoolOptions)  # --dataset and its shape
     input_len: int = 256
     output_len: int = 128
     steady: SteadyState = field(default_factory=SteadyState)
@@ -85,14 +82,6 @@ class CeilingOptions:
     studies_dir: Path = Path("studies")  # the launched server's logs: ceiling/logs
 
     def __post_init__(self) -> None:
-        try:
-            check_shape(self.dataset, multi_turn=self.multi_turn,
-                        prefix_share=self.prefix_share)
-        except WorkloadError as exc:
-            raise OptionsError(str(exc)) from None
-        if is_file_dataset(self.dataset) and not Path(self.dataset).is_file():
-            raise OptionsError(f"--dataset {self.dataset}: no such file; give sharegpt, "
-                               "synthetic, or the path of a JSONL or CSV file of requests")
         if self.unit.by != "rate":
             given = [flag for flag, value in (("--start-rate", self.start_rate),
                                               ("--min-rate", self.min_rate),
@@ -167,12 +156,13 @@ def run_ceiling(o: CeilingOptions) -> int:
 
 def _workload(o: CeilingOptions) -> Any:
     w = o.workload
-    return pool_workload(dataset=o.dataset, tokenizer_path=w.tokenizer,
+    p = o.pool
+    return pool_workload(dataset=p.dataset, tokenizer_path=w.tokenizer,
                          url=o.server.url if o.backend == "attach" else None,
                          model=o.server.model, total=pool_size(w.num_prompts) + w.warmup,
                          seed=w.seed, context=o.context, input_len=o.input_len,
-                         output_len=o.output_len, multi_turn=o.multi_turn,
-                         prefix_share=o.prefix_share)
+                         output_len=o.output_len, multi_turn=p.multi_turn,
+                         prefix_share=p.prefix_share)
 
 
 def _backend(o: CeilingOptions) -> tuple[Backend, str]:

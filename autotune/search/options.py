@@ -25,6 +25,7 @@ from autotune.tuning.options import (
     check_backend,
 )
 from autotune.tuning.verdict import SteadyState
+from autotune.workload.pool import PoolOptions
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,7 @@ class SearchOptions:
     profile: SimProfile | None = None  # the simulator's node; None: the space's own
     profile_given: bool = False  # --profile was given, not only the space's
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
+    pool: PoolOptions = field(default_factory=PoolOptions)  # --dataset and its shape
     server: ServerOptions = field(default_factory=ServerOptions)
     steady: SteadyState = field(default_factory=SteadyState)
     rates: RateSearch = field(default_factory=RateSearch)

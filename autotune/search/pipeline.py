@@ -55,8 +55,8 @@ from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError
 from autotune.tuning.record import stored_trials
 from autotune.tuning.validation import validate_cap
 from autotune.tuning.verdict import screening
-from autotune.workload.sources import load_sharegpt, pool_size
-from autotune.workload.tokenizer import load_tokenizer
+from autotune.workload.pool import pool_workload
+from autotune.workload.sources import pool_size
 
 if TYPE_CHECKING:
     from autotune.analysis.recommend import RecommendError
@@ -179,7 +179,8 @@ def _worker_spec(o: SearchOptions, settings: StudySettings) -> dict[str, Any]:
     """The spec an ``autotune worker`` given only --study runs this study's trials with
     (without it, a worker started beside its search had no space to join with)."""
     w = o.workload
-    workload = {"kind": "sharegpt", "num_prompts": w.num_prompts,
+    workload = {"kind": "pool", **o.pool.spec(), "total": pool_size(w.num_prompts) + w.warmup,
+                "num_prompts": w.num_prompts,
                 "max_model_len": _sample_max_len(o, settings), "seed": w.seed}
     if w.tokenizer:
         workload["tokenizer"] = w.tokenizer
@@ -212,10 +213,12 @@ def _check_storage_url(url: str) -> None:
 
 
 def _workload(o: SearchOptions, settings: StudySettings) -> Any:
-    w = o.workload
-    return load_sharegpt(tokenizer=load_tokenizer(w.tokenizer),
-                         num_prompts=pool_size(w.num_prompts) + w.warmup,
-                         max_model_len=_sample_max_len(o, settings), seed=w.seed)
+    w, p = o.workload, o.pool
+    return pool_workload(dataset=p.dataset, tokenizer_path=w.tokenizer, url=None, model=None,
+                         total=pool_size(w.num_prompts) + w.warmup,
+                         context=_sample_max_len(o, settings), seed=w.seed,
+                         input_len=256, output_len=128, multi_turn=p.multi_turn,
+                         prefix_share=p.prefix_share)
 
 
 def _load_plan(slo: Any, wl: Any, warmup: int, seed: int, steady: Any = None) -> Any:

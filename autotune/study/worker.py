@@ -71,6 +71,7 @@ from autotune.study.study import (
     validate_name,
 )
 from autotune.tuning.verdict import SteadyState
+from autotune.workload.pool import pool_workload
 from autotune.workload.sources import build_workload
 from autotune.workload.tokenizer import load_tokenizer
 
@@ -445,8 +446,16 @@ def make_backend(opts: WorkerOptions, spec: StudySpec, n_gpus: int | None, wid: 
 def build_plan(spec: StudySpec) -> Any:
     w = dict(spec.workload)
     kind = w.pop("kind", "synthetic")
-    tok = load_tokenizer(w.pop("tokenizer", None))
-    workload = build_workload(kind, tokenizer=tok, **w)
+    if kind == "pool":  # a search's own pool: --dataset, --multi-turn, --prefix-share
+        workload = pool_workload(
+            dataset=str(w.get("dataset", "sharegpt")), tokenizer_path=w.get("tokenizer"),
+            url=None, model=None, total=int(w["total"]), seed=int(w.get("seed", 0)),
+            context=int(w["max_model_len"]), input_len=256, output_len=128,
+            multi_turn=bool(w.get("multi_turn")),
+            prefix_share=float(w.get("prefix_share", 0.0)))
+    else:
+        tok = load_tokenizer(w.pop("tokenizer", None))
+        workload = build_workload(kind, tokenizer=tok, **w)
     load = dict(spec.load)
     steady = SteadyState(min_duration_s=load.get("min_duration_s"),
                          max_duration_s=load.get("max_duration_s"),

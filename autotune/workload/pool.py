@@ -4,6 +4,9 @@ or whole conversations with ``--multi-turn``), synthetic requests, or a user's o
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from autotune.workload.conversations import load_conversations, with_system_prompt
 from autotune.workload.dataset import load_dataset
 from autotune.workload.sources import Workload, load_sharegpt, synthetic_workload
@@ -15,6 +18,27 @@ NAMED: tuple[str, ...] = ("sharegpt", "synthetic")
 
 def is_file_dataset(dataset: str) -> bool:
     return dataset not in NAMED
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolOptions:
+    """Where a command's requests come from: ``--dataset`` (sharegpt, synthetic or a
+    file's path), ``--multi-turn`` and ``--prefix-share``, checked when built."""
+
+    dataset: str = "sharegpt"
+    multi_turn: bool = False
+    prefix_share: float = 0.0
+
+    def __post_init__(self) -> None:
+        check_shape(self.dataset, multi_turn=self.multi_turn, prefix_share=self.prefix_share)
+        if is_file_dataset(self.dataset) and not Path(self.dataset).is_file():
+            raise WorkloadError(f"--dataset {self.dataset}: no such file; give sharegpt, "
+                                "synthetic, or the path of a JSONL or CSV file of requests")
+
+    def spec(self) -> dict[str, object]:
+        """For a stored study spec: what a worker needs to build the same pool."""
+        return {"dataset": self.dataset, "multi_turn": self.multi_turn,
+                "prefix_share": self.prefix_share}
 
 
 def check_shape(dataset: str, *, multi_turn: bool, prefix_share: float) -> None:

@@ -3,6 +3,7 @@ time), in the HTTP load generator and in ``autotune ceiling --by concurrency|use
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -155,7 +156,10 @@ def test_a_ceiling_in_users_answers_in_users_with_the_other_units_beside(
 
 
 def test_a_ceiling_in_concurrency_keeps_that_many_in_flight(tmp_path: Path) -> None:
-    data, stdout = _ceiling(tmp_path, "--slo-p99", "3s", "--by", "concurrency")
+    data, stdout = _ceiling(tmp_path, "--slo-p99", "3s", "--by", "concurrency", "--csv",
+                            str(tmp_path / "probes.csv"))
+    rows = list(csv.DictReader((tmp_path / "probes.csv").open()))
+    assert rows and {r["unit"] for r in rows} == {"in flight"}
     assert data["by"] == "concurrency" and data["think_s"] == 0.0
     level = data["feasible_max"]
     assert data["answer"].startswith(f"simulated: sustains {level:.0f} in flight (= ")

@@ -344,6 +344,7 @@ CSV_COLUMNS = (
     "index", "phase", "rate", "num_prompts", "num_measured", "verdict", "pruned",
     "prune_reason", "request_throughput", "output_throughput", "binding", "limit",
     "observed_s", "bound_s", "threshold_s", "gpu_util", "server_s", "repeat", "source",
+    "unit",  # what "rate" counts: req/s, in flight, users, x the trace's speed
 )
 
 
@@ -399,7 +400,8 @@ def probes_csv(result: Any) -> str:
                 p.pruned, p.prune_reason or "", p.request_throughput, p.output_throughput,
                 p.binding or "", c.label, c.observed_s, c.bound_s, c.threshold_s,
                 "" if p.gpu_util is None else p.gpu_util,
-                "" if p.server_s is None else p.server_s, p.repeat, result.source])
+                "" if p.server_s is None else p.server_s, p.repeat, result.source,
+                result.unit.label])
     return buf.getvalue()
 
 

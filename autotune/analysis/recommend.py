@@ -123,6 +123,9 @@ class Recommendation:
     # Every feasible config as a point of goodput per GPU against tokens per user
     # (analysis.pareto), the front marked.
     pareto: list[dict[str, Any]] = field(default_factory=list)
+    # --tier: each tier's best proven config, re-judged from the proof's load tests
+    # (analysis.tiers).
+    tiers: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -403,7 +406,7 @@ def flags_line(flags: Mapping[str, Any]) -> str:
 
 def to_markdown(rec: Recommendation) -> str:
     lines = [*_md_best(rec), *_md_baseline(rec), *_md_predicted(rec), *_md_ceilings(rec),
-             *_md_pareto(rec), *_md_predictions(rec), *_md_rates(rec)]
+             *_md_tiers(rec), *_md_pareto(rec), *_md_predictions(rec), *_md_rates(rec)]
     counts = ", ".join(f"{n} {k}" for k, n in sorted(rec.trials.items()))
     lines += ["", f"Trials: {counts}."]
     for note in rec.notes:
@@ -513,6 +516,32 @@ def _md_ceilings(rec: Recommendation) -> list[str]:
     for c in rec.ceilings:
         lines.append(f"- trial {c.get('trial')}: {c.get('answer')} "
                      f"({c.get('total_probes')} load tests, {c.get('source')})")
+    return lines
+
+
+def _md_tiers(rec: Recommendation) -> list[str]:
+    """Each --tier's best proven config (empty without tiers)."""
+    if not rec.tiers:
+        return []
+    lines = ["", "## SLO tiers", "",
+             "Each tier's limits checked on the requests of the proof's load tests (every "
+             "limit's percentile and its 95% upper bound within it; not corrected for the "
+             "tests looked at): the config with the most requests per second within the "
+             "tier, at the highest rate it passed, a lower bound of its ceiling there. "
+             "The command proves it.", "",
+             "| tier | SLO | trial | config | passed at (req/s) | cap (req/s) | within the "
+             "tier (req/s) | prove with |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in rec.tiers:
+        if t.get("trial") is None:
+            lines.append(f"| {t['tier']} | `{t['slo']}` | - | not shown by the proven "
+                         "configs' tests | - | - | - | `autotune ceiling --study ... "
+                         "--trial N` |")
+            continue
+        lines.append(
+            f"| {t['tier']} | `{t['slo']}` | {t['trial']} | "
+            f"{flags_line(t['flags']) or 'defaults'} | {_num(t.get('rate'), '.2f')} | "
+            f"{_num(t.get('cap'), '.2f')} | {_num(t.get('goodput_requests'), '.2f')} | "
+            f"`{t.get('command')}` |")
     return lines
 
 

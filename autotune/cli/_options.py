@@ -143,3 +143,7 @@ MultiTurn = Annotated[bool, typer.Option(
 PrefixShare = Annotated[float, typer.Option(
     help="Prepend one shared system prompt making this share of the prompt tokens "
          "(0 to 1, as auto_tune.sh's MIN_CACHE_HIT_PCT / 100).")]
+TierOpt = Annotated[list[str] | None, typer.Option(
+    "--tier", help="An SLO tier NAME=SLO (repeatable), e.g. interactive='p99:ttft<=500ms,"
+                   "p99:tpot<=50ms' or batch=60s: its best proven config, re-judged from "
+                   "the proof's load tests.")]

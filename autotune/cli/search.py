@@ -11,6 +11,7 @@ from pathlib import Path
 
 import typer
 
+from autotune.analysis.tiers import parse_tier
 from autotune.cli._app import app
 from autotune.cli._common import one_line_errors
 from autotune.cli._options import (
@@ -51,6 +52,7 @@ from autotune.cli._options import (
     Storage,
     StudiesDir,
     StudyName,
+    TierOpt,
     Timeout,
     Tokenizer,
     Tol,
@@ -98,7 +100,7 @@ def search(  # one line per option, each defined in cli._options
     startup_timeout: StartupTimeout = 900.0, gpu_ids: GpuIds = None,
     vllm_env: VllmEnv = None, twin: Twin = False, twin_prior: TwinPrior = None,
     twin_candidates: TwinCandidates = 12, dataset: DatasetSource = "sharegpt",
-    multi_turn: MultiTurn = False, prefix_share: PrefixShare = 0.0,
+    multi_turn: MultiTurn = False, prefix_share: PrefixShare = 0.0, tier: TierOpt = None,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     with one_line_errors():
@@ -117,6 +119,7 @@ def search(  # one line per option, each defined in cli._options
                                      tokenizer=tokenizer, max_model_len=max_model_len),
             pool=PoolOptions(dataset=dataset, multi_turn=multi_turn,
                              prefix_share=prefix_share),
+            tiers=tuple(parse_tier(t) for t in tier or ()),
             server=server_options(model=model, url=url, vllm_cmd=vllm_cmd,
                                   startup_timeout=startup_timeout, gpu_ids=gpu_ids,
                                   vllm_env=vllm_env),

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autotune.analysis.tiers import Tier, check_tiers
 from autotune.core.slo import SLO
 from autotune.study.space import SearchSpace
 from autotune.study.study import OBJECTIVES, SAMPLERS, storage_url, validate_name
@@ -58,6 +59,7 @@ class SearchOptions:
     profile_given: bool = False  # --profile was given, not only the space's
     workload: WorkloadOptions = field(default_factory=WorkloadOptions)
     pool: PoolOptions = field(default_factory=PoolOptions)  # --dataset and its shape
+    tiers: tuple[Tier, ...] = ()  # --tier NAME=SLO: re-judged from the proof's tests
     server: ServerOptions = field(default_factory=ServerOptions)
     steady: SteadyState = field(default_factory=SteadyState)
     rates: RateSearch = field(default_factory=RateSearch)
@@ -94,6 +96,7 @@ class SearchOptions:
                 f"the {self.validate_s:g} s validation run: raise --budget above it, or pass "
                 "--validate off")
         validate_name(self.name)
+        check_tiers(self.tiers)
 
     def _check_choices(self) -> None:
         if self.sampler not in SAMPLERS:

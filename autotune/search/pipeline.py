@@ -23,6 +23,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from autotune.analysis import recommend as rec_mod
 from autotune.analysis.recommend import flags_line, table_row, view_of
+from autotune.analysis.tiers import answer_tiers
 from autotune.backends.base import LoadPlan
 from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.files import atomic_write, write_json
@@ -470,6 +471,12 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
         rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
                                      objective=o.objective, per_gpu=o.per_gpu)
         phases["proof"] = time.monotonic() - t0
+    if o.tiers:
+        answers = answer_tiers(o.tiers, ceilings, study=settings.name,
+                               headroom=o.rates.headroom)
+        rec.tiers = [a.to_dict() for a in answers]
+        for a in answers:
+            out.print(f"tier {a.sentence}", soft_wrap=True, highlight=False)
     if o.backend == "attach":
         rec.best.command = (f"(attached server at {o.server.url}: autotune did not launch it and "
                             "cannot see its flags; keep them and enforce the rate cap)")

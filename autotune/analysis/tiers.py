@@ -1,0 +1,151 @@
+"""SLO tiers (``search --tier NAME=SLO``): each tier's best config and rate, re-judged
+from the load tests the search already ran.
+
+The study runs against the search's SLO.  Its proof runs a full ceiling search on the
+best configs, and every probe of it keeps each request's latencies.  A tier's limits are
+checked on those same requests: a probe passes a tier when every limit's percentile
+and its one-sided upper confidence bound (order statistics, failed requests as inf) are
+within the tier's threshold, the fixed-sample rule of ``tuning.verdict.check_limits``.
+The highest rate a config passes is a lower bound of its ceiling under that tier.
+
+What this does not do, and says: it proves nothing new.  The check looks at many probes
+(its multiplicity is not corrected), a tier stricter than every probe's evidence is "not
+shown", and each answer names the command that proves it (``autotune ceiling --study S
+--trial N --slo ...``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autotune.core.errors import AutotuneError
+from autotune.core.slo import SLO, parse_slo
+from autotune.tuning.verdict import check_limits, verdict_of
+
+
+class TierError(AutotuneError, ValueError):
+    """A --tier that cannot be read: the message says how to write one."""
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    slo: SLO
+
+
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,31}$")
+
+
+def parse_tier(text: str) -> Tier:
+    """``interactive='p99:ttft<=500ms,p99:tpot<=50ms'`` or ``batch=60s`` (a P99 end-to-end
+    limit) as a tier."""
+    name, sep, spec = text.partition("=")
+    name, spec = name.strip(), spec.strip().strip("'\"")
+    if not sep or not _NAME.match(name) or not spec:
+        raise TierError(f"--tier {text!r}: give NAME=SLO, e.g. "
+                        "interactive='p99:ttft<=500ms,p99:tpot<=50ms' or batch=60s")
+    try:
+        slo = parse_slo(spec)
+    except ValueError as exc:
+        raise TierError(f"--tier {name}: {exc}") from None
+    return Tier(name, slo)
+
+
+def check_tiers(tiers: Sequence[Tier]) -> None:
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names):
+        raise TierError(f"--tier names must differ, got {', '.join(names)}")
+
+
+@dataclass
+class TierAnswer:
+    """A tier's best config among the proven ones, at the highest rate it passed."""
+
+    tier: str
+    slo: str
+    trial: int | None = None
+    flags: dict[str, Any] = field(default_factory=dict)
+    rate: float | None = None  # req/s of the probe it passed at
+    cap: float | None = None
+    good_share: float | None = None  # requests within every tier limit
+    goodput_requests: float | None = None  # req/s within the tier's limits
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    requests: int = 0
+    command: str | None = None  # proves it
+    sentence: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _good_share(summary: Any, slo: SLO) -> float | None:
+    """The share of the probe's requests within every limit of ``slo``."""
+    masks = []
+    for limit in slo.limits:
+        values = np.asarray(summary.samples.get(limit.metric, ()), dtype=float)
+        if not values.size:
+            return None
+        masks.append(values <= limit.threshold_s)
+    n = min(m.size for m in masks)
+    if not n:
+        return None
+    good = np.ones(n, dtype=bool)
+    for m in masks:
+        good &= m[:n]
+    return float(good.mean())
+
+
+def answer_tiers(tiers: Sequence[Tier], ceilings: Sequence[Any], *, study: str,
+                 headroom: float, confidence: float = 0.95) -> list[TierAnswer]:
+    """Each tier's best proven config: among every probe of the proof's ceiling
+    searches (``RefinedCeiling``: ``trial``, ``config``, ``result.probes``), the
+    passing one with the most requests per second within the tier's limits."""
+    answers = []
+    for tier in tiers:
+        best: tuple[float, TierAnswer] | None = None
+        for c in ceilings:
+            for p in getattr(c.result, "probes", ()):
+                if p.summary is None or not math.isfinite(p.rate) or p.phase in (
+                        "saturation", "floor"):
+                    continue
+                checks = check_limits(p.summary, tier.slo, confidence)
+                if verdict_of(checks, p.pruned) != "pass":
+                    continue
+                share = _good_share(p.summary, tier.slo) or 0.0
+                value = p.request_throughput * share
+                if best is None or value > best[0]:
+                    best = (value, TierAnswer(
+                        tier=tier.name, slo=str(tier.slo), trial=c.trial,
+                        flags=dict(c.config), rate=p.rate,
+                        cap=p.rate * (1.0 - headroom), good_share=share,
+                        goodput_requests=value, checks=[ch.to_dict() for ch in checks],
+                        requests=p.summary.num_measured))
+        answers.append(_finish(tier, best[1] if best else None, study, confidence,
+                               len(ceilings)))
+    return answers
+
+
+def _finish(tier: Tier, answer: TierAnswer | None, study: str, confidence: float,
+            configs: int) -> TierAnswer:
+    if answer is None:
+        return TierAnswer(tier=tier.name, slo=str(tier.slo), sentence=(
+            f"{tier.name} ({tier.slo}): not shown by the tests of the {configs} proven "
+            "configs (none met every limit with its upper bound); prove it with "
+            f"`autotune ceiling --study {study} --trial N --slo '{tier.slo}'`"))
+    answer.command = (f"autotune ceiling --study {study} --trial {answer.trial} "
+                      f"--slo '{tier.slo}'")
+    limits = ", ".join(f"{c['label']} {c['observed_s']:.3g} s (bound {c['bound_s']:.3g} s)"
+                       for c in answer.checks)
+    answer.sentence = (
+        f"{tier.name} ({tier.slo}): trial {answer.trial} at {answer.rate:.3g} req/s, cap "
+        f"{answer.cap:.3g} req/s: {limits} over {answer.requests} requests, each limit's "
+        f"{confidence:.0%} upper bound within it; re-judged from the proof's load tests "
+        "(not corrected for the tests looked at), a lower bound of its ceiling; prove it "
+        f"with `{answer.command}`")
+    return answer

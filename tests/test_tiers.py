@@ -1,0 +1,83 @@
+"""SLO tiers: each tier's best proven config, re-judged from the proof's load tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from autotune.analysis.recommend import TrialView, recommend, to_markdown
+from autotune.analysis.tiers import TierError, answer_tiers, check_tiers, parse_tier
+from autotune.cli import app
+from autotune.core.metrics import summarize
+from autotune.core.records import RequestRecord
+
+
+def _probe(rate: float, e2e_s: float, ttft_s: float, n: int = 400) -> SimpleNamespace:
+    """A probe whose every request took ``e2e_s`` (a few slower), ``ttft_s`` to its
+    first token, 20 tokens."""
+    rng = np.random.default_rng(int(rate * 100))
+    records = []
+    for i in range(n):
+        t0 = i / rate
+        e2e = e2e_s * (1.0 + 0.1 * rng.random())
+        chunks = list(np.linspace(t0 + ttft_s, t0 + e2e, 20))
+        records.append(RequestRecord(index=i, scheduled_s=t0, dispatched_s=t0, sent_s=t0,
+                                     first_token_s=chunks[0], chunk_times_s=chunks,
+                                     end_s=t0 + e2e, output_tokens=20, status=200,
+                                     expected_output_tokens=20))
+    return SimpleNamespace(rate=rate, phase="bisect", pruned=False, request_throughput=rate,
+                           summary=summarize(records))
+
+
+def _ceiling(trial: int, seqs: int, probes: list[SimpleNamespace]) -> SimpleNamespace:
+    return SimpleNamespace(trial=trial, config={"max_num_seqs": seqs},
+                           result=SimpleNamespace(probes=probes))
+
+
+def test_each_tier_takes_the_config_with_the_most_within_its_limits() -> None:
+    ceilings = [
+        _ceiling(3, 256, [_probe(10.0, 2.0, 0.9), _probe(20.0, 6.0, 2.5)]),  # batchy
+        _ceiling(7, 16, [_probe(6.0, 1.0, 0.1), _probe(8.0, 1.5, 0.2)]),     # snappy
+    ]
+    tiers = (parse_tier("interactive=p99:ttft<=500ms"), parse_tier("batch=10s"),
+             parse_tier("tight=500ms"))
+    interactive, batch, tight = answer_tiers(tiers, ceilings, study="s", headroom=0.1)
+    assert (interactive.trial, interactive.rate) == (7, 8.0)
+    assert (batch.trial, batch.rate) == (3, 20.0)
+    assert batch.cap == pytest.approx(18.0) and batch.good_share == 1.0
+    assert batch.command == "autotune ceiling --study s --trial 3 --slo 'p99:e2e<=10s'"
+    assert tight.trial is None and "not shown" in tight.sentence
+    assert all(c["bound_s"] <= c["threshold_s"] for c in interactive.checks)
+    views = [TrialView(number=3, flags={"max_num_seqs": 256}, rate=20.0, status="complete",
+                       feasible=True, value=1.0, goodput_tokens=400.0, goodput_requests=None,
+                       output_throughput=None, p99_e2e_s=6.0, attainment=None,
+                       gpu_util_pct=None, gpus=1)]
+    rec = recommend(views, slo="p99:e2e<=10s")
+    rec.tiers = [t.to_dict() for t in (interactive, batch, tight)]
+    md = to_markdown(rec)
+    assert "## SLO tiers" in md and md.count("| interactive |") == 1
+    assert "not shown by the proven configs' tests" in md
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("interactive", "give NAME=SLO"),
+    ("=10s", "give NAME=SLO"),
+    ("x=p99:foo<=1s", "--tier x: unknown SLO metric 'foo'"),
+    ("x=", "give NAME=SLO"),
+])
+def test_a_bad_tier_says_how_to_write_one(text: str, message: str) -> None:
+    with pytest.raises(TierError, match=message):
+        parse_tier(text)
+
+
+def test_tier_names_must_differ_and_the_cli_says_so_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(TierError, match="must differ"):
+        check_tiers((parse_tier("a=1s"), parse_tier("a=2s")))
+    result = CliRunner().invoke(app, ["search", "--slo-p99", "10s", "--tier", "a=1s",
+                                      "--tier", "nope", "--studies-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "--tier 'nope': give NAME=SLO" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())

@@ -10,7 +10,13 @@ import pytest
 from typer.testing import CliRunner
 
 from autotune.analysis.recommend import TrialView, recommend, to_markdown
-from autotune.analysis.tiers import TierError, answer_tiers, check_tiers, parse_tier
+from autotune.analysis.tiers import (
+    TierError,
+    answer_tiers,
+    check_tiers,
+    parse_tier,
+    proven_tier,
+)
 from autotune.cli import app
 from autotune.core.metrics import summarize
 from autotune.core.records import RequestRecord
@@ -60,7 +66,26 @@ def test_each_tier_takes_the_config_with_the_most_within_its_limits() -> None:
     rec.tiers = [t.to_dict() for t in (interactive, batch, tight)]
     md = to_markdown(rec)
     assert "## SLO tiers" in md and md.count("| interactive |") == 1
-    assert "not shown by the proven configs' tests" in md
+    assert "| tight | `p99:e2e<=500ms` | re-judged | - | no config met it |" in md
+    assert "| batch | `p99:e2e<=10s` | re-judged | 3 |" in md
+
+
+def test_a_tier_proved_by_its_own_ceiling_search_takes_the_best_passing_config() -> None:
+    tier = parse_tier("mid=3s")
+
+    def proof(trial: int, rate: float | None) -> SimpleNamespace:
+        probe = None if rate is None else _probe(rate, 2.0, 0.3)
+        if probe is not None:
+            probe.checks, probe.num_measured = [], probe.summary.num_measured
+        return SimpleNamespace(trial=trial, config={"max_num_seqs": trial}, result=SimpleNamespace(
+            feasible_max=rate, recommended_cap=None if rate is None else 0.9 * rate,
+            feasible_probe=lambda: probe, sentence=lambda: f"sustains {rate}"))
+
+    answer = proven_tier(tier, [proof(1, 5.0), proof(2, 9.0), proof(3, None)], study="s")
+    assert answer.proved and (answer.trial, answer.rate) == (2, 9.0)
+    assert answer.cap == pytest.approx(8.1) and answer.sentence.endswith("sustains 9.0")
+    none = proven_tier(tier, [proof(3, None)], study="s")
+    assert none.proved and none.trial is None and "no proven config meets it" in none.sentence
 
 
 @pytest.mark.parametrize(("text", "message"), [

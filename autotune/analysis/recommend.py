@@ -524,21 +524,23 @@ def _md_tiers(rec: Recommendation) -> list[str]:
     if not rec.tiers:
         return []
     lines = ["", "## SLO tiers", "",
-             "Each tier's limits checked on the requests of the proof's load tests (every "
-             "limit's percentile and its 95% upper bound within it; not corrected for the "
-             "tests looked at): the config with the most requests per second within the "
-             "tier, at the highest rate it passed, a lower bound of its ceiling there. "
-             "The command proves it.", "",
-             "| tier | SLO | trial | config | passed at (req/s) | cap (req/s) | within the "
-             "tier (req/s) | prove with |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "Re-judged: each tier's limits checked on the requests of the proof's load "
+             "tests (every limit's percentile and its 95% upper bound within it; not "
+             "corrected for the tests looked at): the config with the most requests per "
+             "second within the tier, at the highest rate it passed, a lower bound of its "
+             "ceiling there; the command proves it. Proved: no test of the proof met the "
+             "tier, so the ceiling search ran under the tier's own SLO.", "",
+             "| tier | SLO | how | trial | config | passed at (req/s) | cap (req/s) | within "
+             "the tier (req/s) | command |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in rec.tiers:
+        how = "proved" if t.get("proved") else "re-judged"
         if t.get("trial") is None:
-            lines.append(f"| {t['tier']} | `{t['slo']}` | - | not shown by the proven "
-                         "configs' tests | - | - | - | `autotune ceiling --study ... "
-                         "--trial N` |")
+            lines.append(f"| {t['tier']} | `{t['slo']}` | {how} | - | no config met it | "
+                         "- | - | - | - |")
             continue
         lines.append(
-            f"| {t['tier']} | `{t['slo']}` | {t['trial']} | "
+            f"| {t['tier']} | `{t['slo']}` | {how} | {t['trial']} | "
             f"{flags_line(t['flags']) or 'defaults'} | {_num(t.get('rate'), '.2f')} | "
             f"{_num(t.get('cap'), '.2f')} | {_num(t.get('goodput_requests'), '.2f')} | "
             f"`{t.get('command')}` |")

@@ -8,10 +8,11 @@ and its one-sided upper confidence bound (order statistics, failed requests as i
 within the tier's threshold, the fixed-sample rule of ``tuning.verdict.check_limits``.
 The highest rate a config passes is a lower bound of its ceiling under that tier.
 
-What this does not do, and says: it proves nothing new.  The check looks at many probes
-(its multiplicity is not corrected), a tier stricter than every probe's evidence is "not
-shown", and each answer names the command that proves it (``autotune ceiling --study S
---trial N --slo ...``).
+A re-judged answer proves nothing new: the check looks at many probes (its multiplicity
+is not corrected), and each answer names the command that proves it (``autotune ceiling
+--study S --trial N --slo ...``).  A tier no probe meets is proved where the evidence
+does not allow: the search runs the full ceiling search under the tier's own SLO on the
+proven configs (:func:`proven_tier` reads the answer).
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class TierAnswer:
     requests: int = 0
     command: str | None = None  # proves it
     sentence: str = ""
+    proved: bool = False  # a ceiling search under the tier's own SLO, not a re-judgement
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -149,3 +151,30 @@ def _finish(tier: Tier, answer: TierAnswer | None, study: str, confidence: float
         "(not corrected for the tests looked at), a lower bound of its ceiling; prove it "
         f"with `{answer.command}`")
     return answer
+
+
+def proven_tier(tier: Tier, proofs: Sequence[Any], *, study: str) -> TierAnswer:
+    """A tier's answer from ceiling searches under its own SLO (``RefinedCeiling``s):
+    the config whose passing probe served the most within the tier, at its ceiling."""
+    best: tuple[float, TierAnswer] | None = None
+    for c in proofs:
+        result = c.result
+        probe = result.feasible_probe() if hasattr(result, "feasible_probe") else None
+        if probe is None or result.feasible_max is None:
+            continue
+        share = _good_share(probe.summary, tier.slo) or 0.0
+        value = probe.request_throughput * share
+        if best is None or value > best[0]:
+            best = (value, TierAnswer(
+                tier=tier.name, slo=str(tier.slo), trial=c.trial, flags=dict(c.config),
+                rate=result.feasible_max, cap=result.recommended_cap, good_share=share,
+                goodput_requests=value, checks=[ch.to_dict() for ch in probe.checks],
+                requests=probe.num_measured, proved=True,
+                command=(f"autotune ceiling --study {study} --trial {c.trial} "
+                         f"--slo '{tier.slo}'"),
+                sentence=f"{tier.name} ({tier.slo}): trial {c.trial}: {result.sentence()}"))
+    if best is None:
+        return TierAnswer(tier=tier.name, slo=str(tier.slo), proved=True, sentence=(
+            f"{tier.name} ({tier.slo}): no proven config meets it: the ceiling search "
+            f"under this SLO found no passing rate on any of the {len(proofs)} configs"))
+    return best[1]

@@ -9,6 +9,7 @@ its options into :class:`SearchOptions` and calls :func:`run_search` once.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from dataclasses import dataclass, replace
@@ -23,7 +24,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from autotune.analysis import recommend as rec_mod
 from autotune.analysis.recommend import flags_line, table_row, view_of
-from autotune.analysis.tiers import answer_tiers
+from autotune.analysis.tiers import TierAnswer, answer_tiers, proven_tier
 from autotune.backends.base import LoadPlan
 from autotune.backends.factory import BackendSpec, create_backend
 from autotune.core.files import atomic_write, write_json
@@ -472,11 +473,8 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
                                      objective=o.objective, per_gpu=o.per_gpu)
         phases["proof"] = time.monotonic() - t0
     if o.tiers:
-        answers = answer_tiers(o.tiers, ceilings, study=settings.name,
-                               headroom=o.rates.headroom)
-        rec.tiers = [a.to_dict() for a in answers]
-        for a in answers:
-            out.print(f"tier {a.sentence}", soft_wrap=True, highlight=False)
+        rec.tiers = [a.to_dict() for a in _tiers(o, settings, run, backend, load_plan, view,
+                                                 ceilings, out, server0)]
     if o.backend == "attach":
         rec.best.command = (f"(attached server at {o.server.url}: autotune did not launch it and "
                             "cannot see its flags; keep them and enforce the rate cap)")
@@ -490,6 +488,31 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
         phases["validation"] = time.monotonic() - t0
     _rate_table(rec, run.study, backend)
     return rec
+
+
+def _tiers(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend,
+           load_plan: Any, view: LiveView, ceilings: list[Any], out: Console,
+           server0: float) -> list[TierAnswer]:
+    """Each tier's answer: re-judged from the proof's tests where they allow, else the
+    ceiling search under the tier's own SLO on the configs the proof ran."""
+    answers = answer_tiers(o.tiers, ceilings, study=settings.name, headroom=o.rates.headroom)
+    for i, (tier, answer) in enumerate(zip(o.tiers, answers, strict=True)):
+        if answer.trial is None and o.prove_top:
+            out.print(f"proving tier {tier.name} ({tier.slo}): no test of the proof met it; "
+                      "the ceiling search under its own SLO on the proven configs",
+                      soft_wrap=True, highlight=False)
+            proofs = refine_ceilings(
+                run.rows, backend, replace(load_plan, slo=tier.slo), top_k=o.prove_top,
+                headroom=o.rates.headroom, tol=o.rates.tol, max_probes=o.rates.max_probes,
+                deadline_s=None if settings.budget_s is None else server0 + settings.budget_s,
+                on_probe=functools.partial(_tier_probe, view, f"tier {tier.name}, trial"))
+            answers[i] = proven_tier(tier, proofs, study=settings.name)
+        out.print(f"tier {answers[i].sentence}", soft_wrap=True, highlight=False)
+    return answers
+
+
+def _tier_probe(view: LiveView, label: str, trial: int, probe: Any) -> None:
+    view.probe(trial, probe, label)
 
 
 def _no_recommendation(exc: RecommendError, o: SearchOptions, run: Any, load_plan: Any

@@ -34,7 +34,7 @@ def test_a_search_on_a_users_file_and_a_worker_rebuilds_the_same_requests(
     study = optuna.load_study(study_name="mine", storage=f"sqlite:///{studies / 'mine.db'}")
     spec = stored_spec(study.user_attrs)
     assert spec is not None and spec.workload["kind"] == "pool"
-    assert spec.workload["dataset"] == str(traffic)
+    assert spec.workload["dataset"] == str(traffic.resolve())
     plan = build_plan(spec)
     # The file's 300 requests, cycled to the pool the search drew, in the file's order.
     lengths = [r.prompt_tokens for r in plan.warmup_requests + plan.requests]

@@ -37,7 +37,10 @@ class PoolOptions:
 
     def spec(self) -> dict[str, object]:
         """For a stored study spec: what a worker needs to build the same pool."""
-        return {"dataset": self.dataset, "multi_turn": self.multi_turn,
+        # A worker may start in another folder: a file is stored by its absolute path.
+        dataset = (str(Path(self.dataset).resolve()) if is_file_dataset(self.dataset)
+                   else self.dataset)
+        return {"dataset": dataset, "multi_turn": self.multi_turn,
                 "prefix_share": self.prefix_share}
 
 

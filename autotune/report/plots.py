@@ -218,30 +218,49 @@ def importances(values: Mapping[str, float], path: Path, *, provenance: str,
 # ----------------------------------------------------------------------------- 4
 
 
+def _per_gpu(r: Mapping[str, Any], key: str) -> float:
+    return float(r.get(key) or 0.0) / max(int(r.get("gpus") or 1), 1)
+
+
+def _tokens_per_user(r: Mapping[str, Any]) -> float | None:
+    tpot = r.get("tpot_p50_s")
+    return 1.0 / tpot if _ok(tpot) and tpot > 0 else None
+
+
+def _front_panel(ax: Any, feas: Sequence[tuple[float, float, Mapping[str, Any]]], *,
+                 lower_x: bool) -> None:
+    """The feasible points, their front and each front point's trial and rate."""
+    ax.plot([x for x, _, _ in feas], [g for _, g, _ in feas], "o", color="tab:green",
+            label="met the SLO")
+    edge = front([(x, g) for x, g, _ in feas], lower_x=lower_x)
+    ax.step([x for x, _ in edge], [g for _, g in edge], where="post" if lower_x else "pre",
+            color="tab:green", lw=2, label="Pareto front")
+    by_point = {(x, g): r for x, g, r in feas}
+    for x, g in edge:
+        r = by_point.get((x, g))
+        if r is not None:
+            rate = r.get("rate")
+            at = f" @{rate:.3g}/s" if _ok(rate) else ""
+            ax.annotate(f"#{r['trial']}{at}", (x, g), xytext=(4, 4), fontsize=7,
+                        textcoords="offset points")
+
+
 def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
            provenance: str) -> Path:
+    """Goodput per GPU against P99 latency, and against output tok/s per user (1 /
+    median TPOT), each with its front and the rate each front point passed at."""
     key, threshold, ylabel = slo_line(slo)
-    fig, ax = pyplot().subplots(figsize=(8.5, 5.0))
-    feas = [(r[key], (r.get("goodput_tokens") or 0.0) / max(int(r.get("gpus") or 1), 1), r)
+    fig, (ax, ax_user) = pyplot().subplots(1, 2, figsize=(13.0, 5.0))
+    feas = [(r[key], _per_gpu(r, "goodput_tokens"), r)
             for r in rows if r.get("feasible") and _ok(r.get(key))]
-    infeas = [(r[key], (r.get("output_throughput") or 0.0) / max(int(r.get("gpus") or 1), 1))
+    infeas = [(r[key], _per_gpu(r, "output_throughput"))
               for r in rows if not r.get("feasible") and _ok(r.get(key))
               and _ok(r.get("output_throughput"))]
     if infeas:
         ax.plot([p for p, _ in infeas], [g for _, g in infeas], "x", color="grey",
                 label="missed the SLO (all output tok/s)")
     if feas:
-        ax.plot([p for p, _, _ in feas], [g for _, g, _ in feas], "o", color="tab:green",
-                label="met the SLO")
-        edge = front([(p, g) for p, g, _ in feas], lower_x=True)
-        ax.step([p for p, _ in edge], [g for _, g in edge], where="post", color="tab:green",
-                lw=2, label="Pareto front")
-        by_point = {(p, g): r for p, g, r in feas}
-        for p, g in edge:
-            r = by_point.get((p, g))
-            if r is not None:
-                ax.annotate(f"#{r['trial']}", (p, g), xytext=(4, 4), fontsize=7,
-                            textcoords="offset points")
+        _front_panel(ax, feas, lower_x=True)
     if threshold is not None:
         ax.axvline(threshold, color="red", lw=1.5, label=f"SLO {threshold:g} s")
     ax.set_xlabel(ylabel.replace(" (s)", "") + " (s)")
@@ -249,6 +268,14 @@ def pareto(rows: Sequence[Mapping[str, Any]], path: Path, *, slo: str | None,
     ax.set_title("Goodput per GPU against P99 latency")
     ax.grid(alpha=0.3)
     legend(ax)
+    per_user = [(u, g, r) for _, g, r in feas if (u := _tokens_per_user(r)) is not None]
+    if per_user:
+        _front_panel(ax_user, per_user, lower_x=False)
+    ax_user.set_xlabel("output tok/s per user (1 / median TPOT)")
+    ax_user.set_ylabel("goodput per GPU (output tok/s/GPU)")
+    ax_user.set_title("Goodput per GPU against tokens per user")
+    ax_user.grid(alpha=0.3)
+    legend(ax_user)
     return _save(fig, path, provenance)
 
 

@@ -15,7 +15,9 @@ from autotune.analysis.tiers import (
     answer_tiers,
     check_tiers,
     parse_tier,
+    parse_tier_gpus,
     proven_tier,
+    tier_plans,
 )
 from autotune.cli import app
 from autotune.core.metrics import summarize
@@ -106,3 +108,35 @@ def test_tier_names_must_differ_and_the_cli_says_so_in_one_line(tmp_path: Path) 
                                       "--tier", "nope", "--studies-dir", str(tmp_path)])
     assert result.exit_code == 2 and "--tier 'nope': give NAME=SLO" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1 and not any(tmp_path.iterdir())
+
+
+def _stored(name: str, trial: int | None, tp: int, rate: float | None) -> dict:
+    return {"tier": name, "slo": "p99:e2e<=5s", "trial": trial, "rate": rate,
+            "flags": {"model": "m", "tensor_parallel_size": tp, "max_num_seqs": 64},
+            "goodput_tokens": 1000.0, "goodput_requests": 5.0, "proved": False}
+
+
+def test_each_tier_gets_its_own_replicas_on_the_next_gpus_and_ports() -> None:
+    stored = [_stored("interactive", 3, 2, 10.0), _stored("batch", 5, 1, 20.0),
+              _stored("tight", None, 1, None)]
+    plans = dict(tier_plans(stored, parse_tier_gpus(["interactive=4", "batch=3"]), total=8,
+                            headroom=0.1, gpu_hour_cost=None, model=None, base_port=9000))
+    inter, batch = plans["interactive"], plans["batch"]
+    assert inter.data_parallel_size == 2 and [r.gpus for r in inter.replicas] == [(0, 1), (2, 3)]
+    assert [r.port for r in inter.replicas] == [9000, 9001]
+    assert [r.gpus for r in batch.replicas] == [(4,), (5,), (6,)]
+    assert [r.port for r in batch.replicas] == [9002, 9003, 9004]
+    assert batch.total_cap == pytest.approx(3 * 18.0)
+    assert batch.replicas[0].command.startswith("CUDA_VISIBLE_DEVICES=4 vllm serve m")
+    with pytest.raises(TierError, match="more than --gpus 6"):
+        tier_plans(stored, {"interactive": 4, "batch": 3}, total=6, headroom=0.1,
+                   gpu_hour_cost=None, model=None, base_port=9000)
+    with pytest.raises(TierError, match="no config met tier tight"):
+        tier_plans(stored, {"tight": 1}, total=None, headroom=0.1, gpu_hour_cost=None,
+                   model=None, base_port=9000)
+    with pytest.raises(TierError, match="the study has no tier 'nope'; its tiers: "
+                                        "interactive, batch, tight"):
+        tier_plans(stored, {"nope": 1}, total=None, headroom=0.1, gpu_hour_cost=None,
+                   model=None, base_port=9000)
+    with pytest.raises(TierError, match="give NAME=GPUS"):
+        parse_tier_gpus(["interactive=0"])

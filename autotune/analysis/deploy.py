@@ -149,8 +149,10 @@ def plan_deployment(
     model: str | None = None,
     base_port: int = BASE_PORT,
     host: str = "0.0.0.0",
+    first_gpu: int = 0,
 ) -> Plan:
-    """The whole plan: split, caps, cost, commands."""
+    """The whole plan: split, caps, cost, commands; the replicas take GPUs from
+    ``first_gpu`` on (another plan on the same host has the ones before)."""
     if not 0 <= headroom < 1:
         raise DeployError(f"--headroom must be in [0, 1), got {headroom:g}")
     if gpu_hour_cost is not None and not gpu_hour_cost >= 0:
@@ -171,9 +173,10 @@ def plan_deployment(
     replicas = tuple(
         Replica(
             index=i,
-            gpus=tuple(range(i * per, (i + 1) * per)),
+            gpus=tuple(range(first_gpu + i * per, first_gpu + (i + 1) * per)),
             port=base_port + i,
-            command=serve_command(replica.config, gpus=range(i * per, (i + 1) * per),
+            command=serve_command(replica.config,
+                                  gpus=range(first_gpu + i * per, first_gpu + (i + 1) * per),
                                   port=base_port + i, model=model, host=host),
         )
         for i in range(dp)

@@ -25,9 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from autotune.analysis.deploy import Plan, ReplicaResult, plan_deployment
 from autotune.core.errors import AutotuneError
 from autotune.core.slo import SLO, parse_slo
 from autotune.tuning.verdict import check_limits, verdict_of
+
+# Where a search keeps its tiers' answers in the study, for ``recommend --tier-gpus``.
+TIERS_ATTR = "autotune:tiers"
 
 
 class TierError(AutotuneError, ValueError):
@@ -76,6 +80,7 @@ class TierAnswer:
     cap: float | None = None
     good_share: float | None = None  # requests within every tier limit
     goodput_requests: float | None = None  # req/s within the tier's limits
+    goodput_tokens: float | None = None  # output tok/s of those requests (their share)
     checks: list[dict[str, Any]] = field(default_factory=list)
     requests: int = 0
     command: str | None = None  # proves it
@@ -126,7 +131,9 @@ def answer_tiers(tiers: Sequence[Tier], ceilings: Sequence[Any], *, study: str,
                         tier=tier.name, slo=str(tier.slo), trial=c.trial,
                         flags=dict(c.config), rate=p.rate,
                         cap=p.rate * (1.0 - headroom), good_share=share,
-                        goodput_requests=value, checks=[ch.to_dict() for ch in checks],
+                        goodput_requests=value,
+                        goodput_tokens=p.summary.output_throughput * share,
+                        checks=[ch.to_dict() for ch in checks],
                         requests=p.summary.num_measured))
         answers.append(_finish(tier, best[1] if best else None, study, confidence,
                                len(ceilings)))
@@ -168,7 +175,9 @@ def proven_tier(tier: Tier, proofs: Sequence[Any], *, study: str) -> TierAnswer:
             best = (value, TierAnswer(
                 tier=tier.name, slo=str(tier.slo), trial=c.trial, flags=dict(c.config),
                 rate=result.feasible_max, cap=result.recommended_cap, good_share=share,
-                goodput_requests=value, checks=[ch.to_dict() for ch in probe.checks],
+                goodput_requests=value,
+                goodput_tokens=probe.summary.output_throughput * share,
+                checks=[ch.to_dict() for ch in probe.checks],
                 requests=probe.num_measured, proved=True,
                 command=(f"autotune ceiling --study {study} --trial {c.trial} "
                          f"--slo '{tier.slo}'"),
@@ -178,3 +187,61 @@ def proven_tier(tier: Tier, proofs: Sequence[Any], *, study: str) -> TierAnswer:
             f"{tier.name} ({tier.slo}): no proven config meets it: the ceiling search "
             f"under this SLO found no passing rate on any of the {len(proofs)} configs"))
     return best[1]
+
+
+def parse_tier_gpus(items: Sequence[str]) -> dict[str, int]:
+    """``["interactive=4", "batch=4"]`` as each tier's GPUs."""
+    out: dict[str, int] = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        if not name.strip() or not n.strip().isdigit() or int(n) < 1:
+            raise TierError(f"--tier-gpus {item!r}: give NAME=GPUS, e.g. interactive=4")
+        out[name.strip()] = int(n)
+    return out
+
+
+def tier_replicas(stored: Sequence[dict[str, Any]], gpus: dict[str, int]
+                  ) -> dict[str, ReplicaResult]:
+    """Each tier named in ``gpus`` as the replica its answer recommends (its config at
+    the rate it passed), from the answers a search stored (``TIERS_ATTR``)."""
+    known = {t.get("tier"): t for t in stored}
+    out: dict[str, ReplicaResult] = {}
+    for name in gpus:
+        t = known.get(name)
+        if t is None:
+            have = ", ".join(str(k) for k in known) or "none (run the search with --tier)"
+            raise TierError(f"--tier-gpus {name}: the study has no tier {name!r}; its tiers: "
+                            f"{have}")
+        if t.get("trial") is None or not t.get("rate"):
+            raise TierError(f"--tier-gpus {name}: no config met tier {name} ({t.get('slo')}) "
+                            "in the study: there is nothing to deploy for it")
+        flags = dict(t.get("flags") or {})
+        out[name] = ReplicaResult(
+            tensor_parallel_size=int(flags.get("tensor_parallel_size", 1)),
+            pipeline_parallel_size=int(flags.get("pipeline_parallel_size", 1)),
+            ceiling_rate=float(t["rate"]), goodput_tokens=float(t.get("goodput_tokens") or 0),
+            goodput_requests=float(t.get("goodput_requests") or 0), config=flags,
+            trial=t.get("trial"), source="proved" if t.get("proved") else "re-judged")
+    return out
+
+
+def tier_plans(stored: Sequence[dict[str, Any]], gpus: dict[str, int], *, total: int | None,
+               headroom: float, gpu_hour_cost: float | None, model: str | None,
+               base_port: int) -> list[tuple[str, Plan]]:
+    """Each tier on its own replicas: ``gpus[name]`` GPUs laid out with its config, the
+    tiers' replicas on consecutive ports and GPUs.  ``total``: the budget they share."""
+    if total is not None and sum(gpus.values()) > total:
+        raise TierError(f"--tier-gpus asks for {sum(gpus.values())} GPUs in all, more than "
+                        f"--gpus {total}")
+    replicas = tier_replicas(stored, gpus)
+    plans: list[tuple[str, Plan]] = []
+    port, first_gpu = base_port, 0
+    for name, n in gpus.items():
+        # The tiers share one host's numbering: this tier's GPUs follow the last one's.
+        plan = plan_deployment([replicas[name]], n, headroom=headroom,
+                               gpu_hour_cost=gpu_hour_cost, model=model, base_port=port,
+                               first_gpu=first_gpu)
+        plans.append((name, plan))
+        port += len(plan.replicas)
+        first_gpu += n
+    return plans

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -132,6 +132,9 @@ def recommend(
     out: Annotated[Path | None, typer.Option(
         "--output", "--out",
         help="Also write the plan as Markdown to this file.")] = None,
+    tier_gpus: Annotated[list[str] | None, typer.Option(
+        "--tier-gpus", help="Put a tier of the search's --tier on its own replicas: "
+                            "NAME=GPUS (repeatable), e.g. interactive=4.")] = None,
 ) -> None:
     """Lay out N GPUs as TP x DP for the highest total goodput under the SLO.
 
@@ -160,6 +163,11 @@ def recommend(
         if not 1 <= base_port <= 65535:
             raise UsageError(f"--base-port must be a TCP port (1-65535), got {base_port}")
         data = gather(study, storage)
+        if tier_gpus:
+            _tier_plans(study, data, tier_gpus, gpus=gpus, headroom=headroom,
+                        gpu_hour_cost=gpu_hour_cost, model=model, base_port=base_port,
+                        burst_seconds=burst_seconds, out=out)
+            return
         n = gpus if gpus is not None else data.attrs.get("gpus")
         if not n:
             raise UsageError("the study does not record its GPU count: pass --gpus N")
@@ -182,3 +190,33 @@ def recommend(
     console.print(nginx, soft_wrap=True, markup=False)
     console.print("Gateway (Envoy local rate limit):", markup=False)
     console.print(envoy, soft_wrap=True, markup=False)
+
+
+def _tier_plans(study: str, data: Any, items: list[str], *, gpus: int | None,
+                headroom: float, gpu_hour_cost: float | None, model: str | None,
+                base_port: int, burst_seconds: float, out: Path | None) -> None:
+    """``recommend --tier-gpus``: each tier of the search on its own replicas."""
+    from autotune.analysis.deploy import nginx_snippet, plan_text  # when the command runs
+    from autotune.analysis.tiers import TIERS_ATTR, parse_tier_gpus, tier_plans
+    from autotune.report.build import provenance
+
+    stored = data.attrs.get(TIERS_ATTR) or []
+    plans = tier_plans(stored, parse_tier_gpus(items), total=gpus, headroom=headroom,
+                       gpu_hour_cost=gpu_hour_cost, model=model, base_port=base_port)
+    slo = {t.get("tier"): t.get("slo") for t in stored}
+    parts = []
+    for name, plan in plans:
+        how: dict[str, Any] = next((t for t in stored if t.get("tier") == name), {})
+        head = (f"tier {name} ({slo.get(name)}; {'proved' if how.get('proved') else 're-judged'}"
+                f" from trial {plan.replica.trial}): {plan.gpus} GPUs")
+        text = plan_text(plan, how=f"{provenance(data)}; this tier's SLO {slo.get(name)}")
+        nginx = nginx_snippet(plan.total_cap, plan.replicas, burst_seconds=burst_seconds)
+        parts.append((head, text, nginx))
+        console.print(head, soft_wrap=True, markup=False)
+        console.print(text, soft_wrap=True, markup=False)
+        console.print("Gateway (nginx):", markup=False)
+        console.print(nginx, soft_wrap=True, markup=False)
+    if out is not None:
+        out.write_text(f"# Deployment plan by tier: {study}\n\n" + "".join(
+            f"## {head}\n\n```\n{text}\n```\n\n```nginx\n{nginx}```\n\n"
+            for head, text, nginx in parts), encoding="utf-8")

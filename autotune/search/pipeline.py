@@ -24,10 +24,10 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from autotune.analysis import recommend as rec_mod
 from autotune.analysis.recommend import flags_line, table_row, view_of
-from autotune.analysis.tiers import TierAnswer, answer_tiers, proven_tier
+from autotune.analysis.tiers import TIERS_ATTR, TierAnswer, answer_tiers, proven_tier
 from autotune.backends.base import LoadPlan
 from autotune.backends.factory import BackendSpec, create_backend
-from autotune.core.files import atomic_write, write_json
+from autotune.core.files import atomic_write, json_safe, write_json
 from autotune.core.metrics import MEASURED, SIMULATED
 from autotune.core.terminal import console, err_console, mask_url
 from autotune.report.trackers import make_trackers, optuna_callback
@@ -508,6 +508,8 @@ def _tiers(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend
                 on_probe=functools.partial(_tier_probe, view, f"tier {tier.name}, trial"))
             answers[i] = proven_tier(tier, proofs, study=settings.name)
         out.print(f"tier {answers[i].sentence}", soft_wrap=True, highlight=False)
+    # Kept in the study for `autotune recommend --tier-gpus`.
+    run.study.set_user_attr(TIERS_ATTR, json_safe([a.to_dict() for a in answers]))
     return answers
 
 

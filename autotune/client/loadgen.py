@@ -641,33 +641,16 @@ async def run_load_test(
     _raise_fd_limit(min(len(plan), 1 << 16) + 256)
     client = _client(config, len(plan))
     try:
-        model = config.model
-        if model is None:
-            try:
-                status, body = await client.get("/v1/models")
-            except (httpx.HTTPError, TransportError) as exc:
-                raise _unreachable(config.url, exc) from None
-            models = _models_from(config.url, status, body)
-            if not models:
-                raise LoadGenError(f"server at {config.url} serves no model")
-            model = models[0]
+        model = config.model or await _served_model(client, config.url)
         # A test sized by time cycles its pool: each distinct request is encoded once.
         prepared: dict[int, Any] = {}
         payloads = [prepared[id(r)] if id(r) in prepared else
                     prepared.setdefault(id(r), client.prepare(_payload(config, model, r)))
                     for r in plan]
-        expected = [r.output_tokens for r in plan]
         run = _Run(config, model, client, on_window, on_progress, len(requests))
         start = time.perf_counter() + 0.002  # let the dispatcher task get going
-        if config.users is None:
-            dispatcher = asyncio.create_task(run.dispatch(start, offsets, payloads, expected,
-                                                          len(warm)))
-        else:
-            closed = ClosedLoop(think_s=config.think_s, think=config.think)
-            turns = _Turns.of(plan, payloads, closed.think_times(len(plan), config.seed
-                                                                ).tolist(), len(warm))
-            starts = (start + closed.starts(config.users, config.seed)).tolist()
-            dispatcher = asyncio.create_task(run.users(starts, turns))
+        dispatcher = asyncio.create_task(_load(run, config, plan, offsets, payloads,
+                                               len(warm), start))
         watcher = asyncio.create_task(run.watch()) if on_window is not None else None
         try:
             await run.finished.wait()
@@ -699,6 +682,29 @@ async def run_load_test(
         aborted=run.abort_reason is not None, abort_reason=run.abort_reason,
         num_warmup=len(warm), num_planned=len(requests), start_s=start,
         duration_s=time.perf_counter() - start, model=model, config=config.to_dict())
+
+
+async def _served_model(client: _Client, url: str) -> str:
+    """The first model of ``GET /v1/models``."""
+    try:
+        status, body = await client.get("/v1/models")
+    except (httpx.HTTPError, TransportError) as exc:
+        raise _unreachable(url, exc) from None
+    models = _models_from(url, status, body)
+    if not models:
+        raise LoadGenError(f"server at {url} serves no model")
+    return models[0]
+
+
+def _load(run: _Run, config: LoadTestConfig, plan: Sequence[Request], offsets: list[float],
+          payloads: list[Any], n_warm: int, start: float) -> Coroutine[Any, Any, None]:
+    """What sends the requests: the open loop's dispatcher, or the closed loop's users."""
+    if config.users is None:
+        return run.dispatch(start, offsets, payloads, [r.output_tokens for r in plan], n_warm)
+    closed = ClosedLoop(think_s=config.think_s, think=config.think)
+    turns = _Turns.of(plan, payloads, closed.think_times(len(plan), config.seed).tolist(),
+                      n_warm)
+    return run.users((start + closed.starts(config.users, config.seed)).tolist(), turns)
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

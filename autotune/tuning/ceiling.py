@@ -906,29 +906,23 @@ def find_ceiling(
 ) -> CeilingResult:
     """Search the highest rate that meets ``slo`` with ``confidence``; see the module doc.
 
-    ``first_must_pass`` (beat-the-incumbent): ``start_rate`` is the rate this config
-    needs to beat the best one so far; if it does not pass there, the search ends after
-    that one probe with ``below_start``; with ``then_down`` it brackets downward instead
-    (a search's trial replayed on its own: the same probes while the start passes, and
-    still a ceiling when it does not).  ``max_rate`` caps the bracket (the space's
+    ``first_must_pass`` (beat-the-incumbent): ``start_rate`` is what this config needs to
+    beat the best one so far; failing there ends the search (``below_start``), or with
+    ``then_down`` brackets downward (a search's trial replayed on its own).  ``max_rate`` caps the bracket (the space's
     highest rate): a config that passes there is reported as sustaining at least it.
 
-    ``start_rate=None`` first runs one saturation probe (every request at once, as
-    vLLM's ``auto_tune.sh`` does) and starts at 70% of its throughput.  ``max_probes``
-    counts every load test of the search, re-runs with more requests included;
-    ``repeats - 1`` re-runs of each boundary rate come on top.  ``min_rate`` (default
-    start / 32) is where halving stops when even low rates fail; ``lowest_rate``
-    (SteadyState.lowest_rate) is the lowest rate whose test can pass within its time
-    cap: no rate under it is planned.  Before halving, a light-load test (when the
-    probe takes ``light``) asks whether any rate can meet the SLO; when none can the
-    search stops there with ``below_floor``.  A pass may pool the evidence of the
-    passing and undecided tests at higher rates (``_Search.prior_for``).  ``on_probe``
-    sees each probe as it finishes (for a live table).  ``proof_cap_s`` (None: never):
-    near the latency floor, one long test of at most this many seconds of arrivals
-    may decide the rate that ran to its cap undecided (PROOF_SAFE_SHARE; the probe
-    must take ``proof``).  ``unit``: what the levels count (``load_unit``); for users
-    of a closed loop the levels are whole, the start comes from the saturation probe
-    by Little's law, and there is no step-down comparison.
+    ``start_rate=None``: one saturation probe first (every request at once, as vLLM's
+    ``auto_tune.sh``), then 70% of its throughput.  ``max_probes`` counts every load
+    test, re-runs with more requests included; ``repeats - 1`` re-runs of each
+    boundary come on top.  Halving stops at ``min_rate`` (default start / 32) and at
+    ``lowest_rate`` (SteadyState.lowest_rate: a lower rate's test cannot pass in its
+    time cap).  Before halving, a light-load test (a probe that takes ``light``) may
+    end the search ``below_floor``.  A pass may pool the tests at higher rates
+    (``_Search.prior_for``).  ``on_probe`` sees each probe as it ends.  ``proof_cap_s``
+    (None: never): near the latency floor, one long test of at most this many seconds
+    may decide a rate that ran to its cap undecided (``PROOF_SAFE_SHARE``).  ``unit``:
+    what the levels count (``load_unit``): users are whole, start from the saturation
+    and light-load tests by Little's law, and have no step-down comparison.
     """
     need = check_settings(slo, start_rate=start_rate, tol=tol, max_probes=max_probes,
                           num_prompts=num_prompts, max_num_prompts=max_num_prompts,

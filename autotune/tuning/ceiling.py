@@ -908,8 +908,9 @@ def find_ceiling(
 
     ``first_must_pass`` (beat-the-incumbent): ``start_rate`` is what this config needs to
     beat the best one so far; failing there ends the search (``below_start``), or with
-    ``then_down`` brackets downward (a search's trial replayed on its own).  ``max_rate`` caps the bracket (the space's
-    highest rate): a config that passes there is reported as sustaining at least it.
+    ``then_down`` brackets downward (a search's trial replayed on its own).
+    ``max_rate`` caps the bracket (the space's highest rate): a config that passes there
+    is reported as sustaining at least it.
 
     ``start_rate=None``: one saturation probe first (every request at once, as vLLM's
     ``auto_tune.sh``), then 70% of its throughput.  ``max_probes`` counts every load

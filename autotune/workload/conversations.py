@@ -257,15 +257,7 @@ def sample_conversations(
     ``(f"{conversation}/{k}", prompt_tokens)``: its own whole prompt, which the next
     turn names.
     """
-    if (num_conversations is None) == (num_prompts is None):
-        raise WorkloadError("give either a number of conversations or a number of prompts")
-    wanted = num_conversations if num_conversations is not None else num_prompts
-    assert wanted is not None
-    if wanted < 1:
-        what = "conversations" if num_conversations is not None else "prompts"
-        raise WorkloadError(f"number of {what} must be >= 1, got {wanted}")
-    if max_turns is not None and max_turns < 1:
-        raise WorkloadError(f"max turns must be >= 1, got {max_turns}")
+    _check_counts(num_conversations, num_prompts, max_turns)
     pool = [c for c in conversations if len(c.turns) >= 2]
     random.Random(seed).shuffle(pool)
     keys = _Keys()
@@ -285,14 +277,9 @@ def sample_conversations(
         if num_prompts is not None and len(pairs) > num_prompts - len(out):
             cut += len(pairs) - (num_prompts - len(out))
             pairs = pairs[: num_prompts - len(out)]
-        name = keys.name(conv.id)
-        turns, why, bad = _conversation_turns(
-            name,
-            pairs,
-            tokenizer=tokenizer,
-            max_model_len=max_model_len,
-            max_prompt_len=max_prompt_len,
-        )
+        turns, why, bad = _conversation_turns(keys.name(conv.id), pairs, tokenizer=tokenizer,
+                                              max_model_len=max_model_len,
+                                              max_prompt_len=max_prompt_len)
         if why is not None:
             dropped[why] += len(pairs) - len(turns)
         not_prefix += bad
@@ -301,18 +288,24 @@ def sample_conversations(
             reply_first += first_user_message(conv)
             out.extend(turns)
     stats = ConversationStats(
-        available=len(pool),
-        examined=examined,
-        conversations=kept,
-        turns=len(out),
-        too_short=dropped["too_short"],
-        too_long=dropped["too_long"],
-        over_max_turns=over_max_turns,
-        cut_to_num_prompts=cut,
-        reply_first=reply_first,
-        not_token_prefix=not_prefix,
-    )
+        available=len(pool), examined=examined, conversations=kept, turns=len(out),
+        too_short=dropped["too_short"], too_long=dropped["too_long"],
+        over_max_turns=over_max_turns, cut_to_num_prompts=cut, reply_first=reply_first,
+        not_token_prefix=not_prefix)
     return out, stats
+
+
+def _check_counts(num_conversations: int | None, num_prompts: int | None,
+                  max_turns: int | None) -> None:
+    if (num_conversations is None) == (num_prompts is None):
+        raise WorkloadError("give either a number of conversations or a number of prompts")
+    wanted = num_conversations if num_conversations is not None else num_prompts
+    assert wanted is not None
+    if wanted < 1:
+        what = "conversations" if num_conversations is not None else "prompts"
+        raise WorkloadError(f"number of {what} must be >= 1, got {wanted}")
+    if max_turns is not None and max_turns < 1:
+        raise WorkloadError(f"max turns must be >= 1, got {max_turns}")
 
 
 def load_conversations(
@@ -453,38 +446,23 @@ def add_system_prompt(
     common part and the old segments are cut to what still matches (or dropped if the
     system prompt itself is cut), counted in ``not_token_safe``.
 
-    ``prompt_tokens`` becomes the new prompt's real count (``S`` more when the boundary
-    is clean).  With ``max_model_len`` (None: no check), a request whose prompt plus
-    output no longer fits is dropped, with every later turn of its conversation, and
-    counted; the kept requests' real share is in the stats.  ``share`` 0 returns the
-    requests as they are; ``share`` outside [0, 1) is a ``WorkloadError``.
+    ``prompt_tokens`` becomes the new prompt's real count.  With ``max_model_len`` (None:
+    no check), a request that no longer fits is dropped with its conversation's later
+    turns, and counted; the kept requests' real share is in the stats.  ``share`` 0
+    changes nothing; outside [0, 1) it is a ``WorkloadError``.
     """
     _check_share(share)
-    if num_system_prompts < 1:
-        raise WorkloadError(f"number of system prompts must be >= 1, got {num_system_prompts}")
-    if block_size < 1:
-        raise WorkloadError(f"block size must be >= 1 token, got {block_size}")
+    if num_system_prompts < 1 or block_size < 1:
+        raise WorkloadError(f"number of system prompts ({num_system_prompts}) and block size "
+                            f"({block_size}) must be >= 1")
     if share == 0:
         return list(requests), SystemPromptStats(
             asked_share=0.0, tokens=0, target_tokens=0.0, texts=(), counts=(), share=0.0,
-            kept=len(requests), too_long=0, not_token_safe=0,
-        )
-    if not requests:
-        raise WorkloadError("no requests to put a system prompt before")
-    keys = [f"{SYSTEM_KEY}/{j}" for j in range(num_system_prompts)]
-    taken = {key for r in requests for key, _ in r.prefix}
-    if taken.intersection(keys):
-        raise WorkloadError(
-            f"prefix key {sorted(taken.intersection(keys))[0]!r} is already used by a request"
-        )
-    mean = sum(r.prompt_tokens for r in requests) / len(requests)
-    target = share / (1 - share) * mean
-    s = max(block_size, block_size * round(target / block_size))
-    rng = np.random.default_rng(seed)
-    words, _ = exact_prompts(tokenizer, [s - 1] * num_system_prompts, rng)
-    texts = tuple(w + "\n" for w in words)
+            kept=len(requests), too_long=0, not_token_safe=0)
+    keys, s, target, texts = _system_texts(requests, share=share, tokenizer=tokenizer,
+                                           seed=seed, n=num_system_prompts,
+                                           block_size=block_size)
     sys_ids = [tokenizer.encode(t) for t in texts]
-
     pick = random.Random(seed)
     chosen: dict[str, int] = {}
     dropped_from: dict[str, int] = {}  # conversation -> first turn dropped
@@ -510,35 +488,50 @@ def add_system_prompt(
                 dropped_from[conv] = min(r.turn, dropped_from.get(conv, r.turn))
             continue
         n_sys = common_prefix_len(head, ids)
-        if n_sys < len(head):
-            prefix: tuple[tuple[str, int], ...] = ((keys[j], n_sys),) if n_sys else ()
-            unsafe += 1
-        else:
-            rest = ids[n_sys:]
-            if r.prefix:
-                own = tokenizer.encode(r.prompt)
-                same = common_prefix_len(rest, own)
-                unsafe += same < max(t for _, t in r.prefix)
-            else:
-                same = 0
-            prefix = ((keys[j], n_sys),) + tuple(
-                (key, n_sys + min(t, same)) for key, t in r.prefix if min(t, same)
-            )
+        prefix, merged = _shifted_prefix(r, keys[j], head, ids, tokenizer)
+        unsafe += merged
         shared += n_sys
         total += len(ids)
         out.append(replace(r, prompt=text, prompt_tokens=len(ids), prefix=prefix))
     stats = SystemPromptStats(
-        asked_share=float(share),
-        tokens=s,
-        target_tokens=target,
-        texts=texts,
-        counts=tuple(len(i) for i in sys_ids),
-        share=shared / total if total else 0.0,
-        kept=len(out),
-        too_long=too_long,
-        not_token_safe=unsafe,
-    )
+        asked_share=float(share), tokens=s, target_tokens=target, texts=texts,
+        counts=tuple(len(i) for i in sys_ids), share=shared / total if total else 0.0,
+        kept=len(out), too_long=too_long, not_token_safe=unsafe)
     return out, stats
+
+
+def _system_texts(requests: Sequence[Request], *, share: float, tokenizer: Tokenizer,
+                  seed: int, n: int, block_size: int
+                  ) -> tuple[list[str], int, float, tuple[str, ...]]:
+    """The system prompts' keys, their length S (whole blocks), the length asked for,
+    and their texts (``S - 1`` tokens of random words and a newline each)."""
+    if not requests:
+        raise WorkloadError("no requests to put a system prompt before")
+    keys = [f"{SYSTEM_KEY}/{j}" for j in range(n)]
+    taken = {key for r in requests for key, _ in r.prefix}
+    if taken.intersection(keys):
+        raise WorkloadError(
+            f"prefix key {sorted(taken.intersection(keys))[0]!r} is already used by a request"
+        )
+    mean = sum(r.prompt_tokens for r in requests) / len(requests)
+    target = share / (1 - share) * mean
+    s = max(block_size, block_size * round(target / block_size))
+    words, _ = exact_prompts(tokenizer, [s - 1] * n, np.random.default_rng(seed))
+    return keys, s, target, tuple(w + "\n" for w in words)
+
+
+def _shifted_prefix(r: Request, key: str, head: Sequence[int], ids: Sequence[int],
+                    tokenizer: Tokenizer) -> tuple[tuple[tuple[str, int], ...], bool]:
+    """The prefix of ``r`` behind a system prompt (``head``, its token ids) in the new
+    prompt ``ids``: the system segment, then ``r``'s own segments shifted, each cut to
+    what the encodings still share; and whether the tokenizer merged across a boundary."""
+    n_sys = common_prefix_len(head, ids)
+    if n_sys < len(head):
+        return (((key, n_sys),) if n_sys else ()), True
+    same = common_prefix_len(ids[n_sys:], tokenizer.encode(r.prompt)) if r.prefix else 0
+    merged = bool(r.prefix) and same < max(t for _, t in r.prefix)
+    return ((key, n_sys),) + tuple(
+        (k, n_sys + min(t, same)) for k, t in r.prefix if min(t, same)), merged
 
 
 def with_system_prompt(

@@ -43,6 +43,9 @@ def workload(  # one line per option
     with one_line_errors():
         if compare < 0:
             raise UsageError(f"--compare must be 0 or more ShareGPT requests, got {compare}")
+        if not path.is_file():
+            raise UsageError(f"{path}: no such file; give a JSON-lines, CSV or OpenAI "
+                             "request-log file")
         check_writable(output, "--output")
         check_writable(plot, "--plot")
         traffic = describe_traffic(str(path), tokenizer=load_tokenizer(tokenizer),

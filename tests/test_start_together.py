@@ -212,8 +212,10 @@ def _search_and_workers(tmp: Path, url: str, name: str) -> None:
               "--num-prompts", "10", "--warmup", "2", "--min-duration", "1s",
               "--max-duration", "12s", "--backlog-share", "0.5", "--max-probes", "2",
               "--studies-dir", str(tmp / "studies")]
+    # The search draws synthetic requests as the workers do: reading ShareGPT made it the
+    # last of the five to join on a loaded host, after the workers had taken every trial.
     search = ["search", "--study-name", name, "--slo", "p90:e2e<=1s", "--validate", "off",
-              "--refine-top", "0", *common]
+              "--refine-top", "0", "--dataset", "synthetic", *common]
     # Heartbeats every second, but a grace period that a loaded CI host cannot reach by
     # starving a process for a while: nobody dies here, and a trial failed as stale would
     # rightly be retried, i.e. its config started twice.  The stale path has its own test

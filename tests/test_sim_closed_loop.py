@@ -8,7 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from autotune.backends.base import LoadPlan
+from autotune.backends.sim import SimBackend
 from autotune.core.records import RequestRecord
+from autotune.core.slo import parse_slo
 from autotune.sim import EngineConfig, HardwareProfile, SimResult, load_hardware, simulate
 from autotune.sim.engine import ABORTED, _Run
 from autotune.workload.arrivals import ClosedLoop
@@ -254,3 +257,18 @@ def test_bad_closed_loop_input_is_refused() -> None:
     # Open loop as before: one arrival per request.
     with pytest.raises(ValueError, match="10 requests but 2 arrival offsets"):
         simulate(cfg, A100, None, reqs, [0.0, 0.0])
+
+
+def test_each_users_first_request_is_warm_up_while_the_loop_ramps_up() -> None:
+
+    backend = SimBackend("a100-80gb", "llama-3-8b")
+    backend.prepare({"max_num_seqs": 64})
+    plan = LoadPlan(slo=parse_slo("p99:e2e<=10s"), requests=lognormal(400), warmup=10, seed=1,
+                    closed=ClosedLoop(think_s=5.0))
+    assert plan.warmup_at(40) == 40 and plan.warmup_at(4) == 10
+    records = sorted(backend.load_test(40, plan, None).records, key=lambda r: r.sent_s)
+    warm = [r for r in records if r.warmup]
+    assert len(warm) == 40
+    # The warm-up is the first 40 sends: about one per user, as the users start spread
+    # over one 5 s think time.
+    assert all(r.warmup for r in records[:40]) and not any(r.warmup for r in records[40:])

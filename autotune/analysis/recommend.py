@@ -126,9 +126,16 @@ class Recommendation:
     # --tier: each tier's best proven config, re-judged from the proof's load tests
     # (analysis.tiers).
     tiers: list[dict[str, Any]] = field(default_factory=list)
+    # What a rate, a ceiling and the cap count: req/s, or the users (or requests in
+    # flight) of a search --by users (or concurrency).
+    unit: str = "req/s"
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
+
+    def level(self, x: float | None) -> str:
+        """A rate or a number of users, with its unit: "2.59 req/s", "42 users"."""
+        return f"{_num(x, '.2f' if self.unit == 'req/s' else ',.0f')} {self.unit}"
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
@@ -301,7 +308,8 @@ def _ceiling_pick(c: Mapping[str, Any], views: Sequence[TrialView], objective: s
     summ = probe.get("summary") or {}
     view = next((v for v in views if v.number == c.get("trial")), None)
     gpus = view.gpus if view is not None else 1
-    value = summ.get("goodput_tokens" if objective == "tokens" else "goodput_requests") or 0.0
+    value = (float(top) if objective == "level" else
+             summ.get("goodput_tokens" if objective == "tokens" else "goodput_requests") or 0.0)
     if per_gpu:
         value /= max(gpus, 1)
     flags = dict(view.flags) if view is not None else dict(c.get("config") or {})
@@ -318,12 +326,12 @@ def _ceiling_pick(c: Mapping[str, Any], views: Sequence[TrialView], objective: s
                 predicted=view.predicted if view is not None else None, ceiling=brief)
 
 
-def coarse_note(c: Mapping[str, Any]) -> str | None:
+def coarse_note(c: Mapping[str, Any], unit: str = "req/s") -> str | None:
     """A ceiling whose bracket did not close to its tolerance, said with its bracket."""
     lo, hi, tol = c.get("feasible_max"), c.get("infeasible_min"), c.get("tol")
     if c.get("converged") or lo is None or hi is None or not lo > 0:
         return None
-    return (f"the ceiling is coarse: between {lo:.4g} req/s (passed) and {hi:.4g} req/s "
+    return (f"the ceiling is coarse: between {lo:.4g} {unit} (passed) and {hi:.4g} {unit} "
             f"(did not), {hi / lo - 1:.0%} apart"
             + (f", wider than --tol {tol:.0%}" if tol else "")
             + "; raise --max-probes for a tighter answer")
@@ -373,7 +381,7 @@ def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
     rec.best, rec.next_best = picks[0], [*picks[1:], *rest][:keep]
     rec.rate_cap = cap_with_headroom(rec.best.max_feasible_rate, rec.headroom)
     rec.vs_baseline = _versus(rec.best, rec.baseline)
-    coarse = coarse_note(by_trial.get(rec.best.trial) or {})
+    coarse = coarse_note(by_trial.get(rec.best.trial) or {}, rec.unit)
     if coarse:
         if rec.best.ceiling is not None:
             rec.best.ceiling["coarse"] = True
@@ -421,7 +429,7 @@ def _md_best(rec: Recommendation) -> list[str]:
     lines = [
         "# autotune recommendation",
         "",
-        f"SLO: `{rec.slo}`; objective: goodput in {rec.objective}.  ",
+        f"SLO: `{rec.slo}`; objective: {_objective(rec)}.  ",
         f"Figures: {rec.source}; each is one load test at the trial's rate "
         "(warm-up excluded).",
         "",
@@ -431,24 +439,32 @@ def _md_best(rec: Recommendation) -> list[str]:
         b.command,
         "```",
         "",
-        f"Rate cap at the gateway: **{_num(rec.rate_cap, '.2f')} req/s** "
-        f"({rec.headroom:.0%} under {_num(b.max_feasible_rate, '.2f')} req/s, the highest "
-        "rate at which this config met the SLO).",
+        f"{'Rate' if rec.unit == 'req/s' else 'Load'} cap at the gateway: "
+        f"**{rec.level(rec.rate_cap)}** ({rec.headroom:.0%} under "
+        f"{rec.level(b.max_feasible_rate)}, the highest level at which this config met the "
+        "SLO).",
         "",
         "## Best config",
         "",
-        "| trial | config | rate (req/s) | goodput (tok/s) | goodput (req/s) | P99 e2e (s) "
-        "| attainment |",
+        f"| trial | config | level ({rec.unit}) | goodput (tok/s) | goodput (req/s) | "
+        "P99 e2e (s) | attainment |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for p in [b, *rec.next_best]:
         lines.append(
-            f"| {p.trial} | {flags_line(p.flags)} | {_num(p.rate, '.2f')} | "
+            f"| {p.trial} | {flags_line(p.flags)} | {rec.level(p.rate).split()[0]} | "
             f"{_num(p.goodput_tokens)} | {_num(p.goodput_requests, '.2f')} | "
             f"{_num(p.p99_e2e_s, '.2f')} | {_num(p.attainment, '.1%')} |")
     lines += ["", "The first row is the recommendation; the others are the next best "
               "configs (one row per config, its best trial).", ""]
     return lines
+
+
+def _objective(rec: Recommendation) -> str:
+    if rec.unit != "req/s":
+        what = rec.objective.replace("in flight", "requests in flight", 1)
+        return f"the {what} each config sustains"
+    return f"goodput in {rec.objective}"
 
 
 def _md_baseline(rec: Recommendation) -> list[str]:
@@ -461,13 +477,14 @@ def _md_baseline(rec: Recommendation) -> list[str]:
         return lines
     lines.append(
         f"Baseline (trial {base.number}, {flags_line(base.flags)} at "
-        f"{_num(base.rate, '.2f')} req/s): goodput {_num(base.goodput_tokens)} tok/s, "
+        f"{rec.level(base.rate)}): goodput {_num(base.goodput_tokens)} tok/s, "
         f"P99 e2e {_num(base.p99_e2e_s, '.2f')} s, attainment "
         f"{_num(base.attainment, '.1%')}, "
         f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
     ratio = rec.vs_baseline.get("objective_ratio")
     if ratio is not None:
-        lines.append(f"The recommendation gives {ratio:.2f}x the baseline's goodput"
+        what = "goodput" if rec.unit == "req/s" else f"ceiling ({rec.unit})"
+        lines.append(f"The recommendation gives {ratio:.2f}x the baseline's {what}"
                      + (f" ({rec.vs_baseline['gpus']} GPUs vs "
                         f"{rec.vs_baseline['baseline_gpus']})"
                         if "gpus" in rec.vs_baseline else "") + ".")
@@ -479,7 +496,7 @@ def _md_baseline(rec: Recommendation) -> list[str]:
     if vs.get("goodput_ratio_at_ceilings") is not None:
         lines.append(
             f"At equal footing, vLLM's defaults at their own ceiling "
-            f"({_num(vs.get('baseline_ceiling_rate'), '.2f')} req/s) give "
+            f"({rec.level(vs.get('baseline_ceiling_rate'))}) give "
             f"{_num(vs.get('baseline_ceiling_goodput_tokens'))} tok/s: the recommendation "
             f"is {vs['goodput_ratio_at_ceilings']:.2f}x that "
             f"({vs.get('baseline_ceiling_note', '')}).")

@@ -112,7 +112,7 @@ class LoadPlan:
     def warmup_span_s(self, rate: float) -> float:
         """When the first measured request is scheduled (from the first warm-up one)."""
         if self.closed is not None:
-            return self.warmup / self.sizing_rate(rate)
+            return self.warmup_at(rate) / self.sizing_rate(rate)
         if not self.warmup or not (rate > 0 and math.isfinite(rate)):
             return 0.0
         plan = self.warm_requests() + self.measured_for(rate)[:1]
@@ -120,11 +120,22 @@ class LoadPlan:
                        seed=self.seed)
         return float(off[self.warmup] - off[0]) if len(off) > self.warmup else 0.0
 
-    def warm_requests(self) -> list[Request]:
-        """The ``warmup`` requests sent first, drawn in turn from ``warmup_requests``
-        (or from ``requests``)."""
+    def warmup_at(self, rate: float) -> int:
+        """The warm-up requests of a test at ``rate``: ``warmup``, and for a closed loop
+        at least one per user.  Its users start spread over one think time, so their
+        first requests ramp the load up (a test at 618 simulated users with 20 s think
+        time read P99 4.74 s and clustering x2.4 with 100 warm-up requests, 4.42 s and
+        x1 with 700): the loop is steady once each user has sent once."""
+        if self.closed is None or not (rate >= 1 and math.isfinite(rate)):
+            return self.warmup
+        return max(self.warmup, ClosedLoop.users(rate))
+
+    def warm_requests(self, rate: float | None = None) -> list[Request]:
+        """The warm-up requests sent first (``warmup_at(rate)`` of them, ``warmup``
+        without a rate), drawn in turn from ``warmup_requests`` (or from ``requests``)."""
         pool = self.warmup_requests or self.requests
-        return [pool[i % len(pool)] for i in range(self.warmup)] if pool else []
+        n = self.warmup if rate is None else self.warmup_at(rate)
+        return [pool[i % len(pool)] for i in range(n)] if pool else []
 
     def mean_output_tokens(self) -> float:
         """Mean requested output tokens of the measured pool (goodput tok/s per req/s)."""

@@ -73,7 +73,7 @@ class ServerBackend(Backend):
             dict(users=closed.users(rate), think_s=closed.think_s, think=closed.think))
         cfg = LoadTestConfig(
             url=self.server.endpoint, model=self.model, endpoint=self.endpoint,
-            warmup=plan.warmup, request_timeout_s=plan.request_timeout_s,
+            warmup=plan.warmup_at(rate), request_timeout_s=plan.request_timeout_s,
             api_key=self.api_key, seed=plan.seed, window_s=plan.window_s,
             transport=self.transport, **shape)
         sampler = _nvml_sampler() if self.nvml else None

@@ -77,8 +77,8 @@ class SimBackend(Backend):
                 "ignored_flags": ignored}
 
     def load_test(self, rate: float, plan: LoadPlan, on_window: WindowCallback | None) -> LoadRun:
-        n_warm = plan.warmup
-        reqs = plan.warm_requests() + plan.measured_for(rate)
+        n_warm = plan.warmup_at(rate)
+        reqs = plan.warm_requests(rate) + plan.measured_for(rate)
         closed = plan.closed
         think = None
         if closed is None:

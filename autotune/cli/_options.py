@@ -6,6 +6,7 @@ option's text means is parsed in :mod:`autotune.cli._parse`.
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
@@ -92,8 +93,9 @@ Timeout = Annotated[str | None, typer.Option(
 Budget = Annotated[str | None, typer.Option(
     help="Total server time, restarts and the --validate run included (virtual for "
          "sim), e.g. 2h; a load test running when it ends is cut there.")]
-Objective = Annotated[str, typer.Option(
-    help="tokens (goodput output tok/s) or requests (goodput req/s).")]
+Objective = Annotated[str | None, typer.Option(
+    help="tokens (goodput output tok/s, the default) or requests (goodput req/s); a "
+         "search --by concurrency or users ranks by the users it sustains.")]
 PerGpu = Annotated[bool, typer.Option(help="Divide the objective by the GPUs a config uses.")]
 Prescreen = Annotated[str | None, typer.Option(
     help="'sim': run the study in virtual time first, then measure its top configs.")]
@@ -147,3 +149,28 @@ TierOpt = Annotated[list[str] | None, typer.Option(
     "--tier", help="An SLO tier NAME=SLO (repeatable), e.g. interactive='p99:ttft<=500ms,"
                    "p99:tpot<=50ms' or batch=60s: its best proven config, re-judged from "
                    "the proof's load tests.")]
+
+
+# What a ceiling counts (`ceiling --by`, and what a search's trials search and rank by).
+class By(str, Enum):
+    rate = "rate"
+    concurrency = "concurrency"
+    users = "users"
+    speed = "speed"
+
+
+class Think(str, Enum):
+    exponential = "exponential"
+    fixed = "fixed"
+
+
+ByOpt = Annotated[By, typer.Option(
+    help="What the ceiling counts: rate (open-loop Poisson req/s), concurrency (requests "
+         "kept in flight, each sent when the last ended), users (each thinks "
+         "--think-time between its requests) or speed (ceiling only: a --dataset trace "
+         "replayed at its logged times, this many times faster).")]
+ThinkTime = Annotated[str | None, typer.Option(
+    help="--by users: a user's mean think time between a reply and its next request, "
+         "e.g. 20s.")]
+ThinkOpt = Annotated[Think, typer.Option(
+    help="Think-time distribution: exponential (mean --think-time) or fixed.")]

@@ -25,6 +25,8 @@ from autotune.cli._options import (
     VLLM_CMD,
     WARMUP,
     BacklogShare,
+    By,
+    ByOpt,
     DatasetSource,
     InputLen,
     MaxDuration,
@@ -37,6 +39,9 @@ from autotune.cli._options import (
     Seed,
     Slo,
     SloP99,
+    Think,
+    ThinkOpt,
+    ThinkTime,
     VllmCmd,
     Warmup,
 )
@@ -64,18 +69,6 @@ class Backend(str, Enum):
     attach = "attach"
 
 
-class By(str, Enum):
-    rate = "rate"
-    concurrency = "concurrency"
-    users = "users"
-    speed = "speed"
-
-
-class Think(str, Enum):
-    exponential = "exponential"
-    fixed = "fixed"
-
-
 INHERITED = {
     "slo_p99": "slo", "profile": "profile", "model_profile": "sim_model", "gpus": "gpus",
     "num_prompts": "num_prompts", "warmup": "warmup", "seed": "seed", "tol": "tol",
@@ -88,16 +81,6 @@ INHERITED = {
 
 # The options only `ceiling` takes, one line each in its signature.
 Int = Annotated[int | None, typer.Option()]
-ByOpt = Annotated[By, typer.Option(
-    help="What the ceiling counts: rate (open-loop Poisson req/s), concurrency (requests "
-         "kept in flight, each sent when the last ended), users (each thinks "
-         "--think-time between its requests) or speed (a --dataset trace replayed at its "
-         "logged times, this many times faster).")]
-ThinkTime = Annotated[str | None, typer.Option(
-    help="--by users: a user's mean think time between a reply and its next request, "
-         "e.g. 20s.")]
-ThinkOpt = Annotated[Think, typer.Option(
-    help="Think-time distribution: exponential (mean --think-time) or fixed.")]
 ChunkedPrefill = Annotated[bool | None, typer.Option(
     "--enable-chunked-prefill/--no-enable-chunked-prefill", help="vLLM chunked prefill.",
     show_default=False)]
@@ -192,10 +175,14 @@ def ceiling(  # one line per option, each defined above or in cli._options
                             and by_rate else (start_rate, False))
         rates = RateSearch(tol=take("tol", tol), max_probes=take("max_probes", max_probes),
                            headroom=take("headroom", headroom))
+        kind = backend_kind(None if backend is None else backend.value, url=url, model=model)
+        if kind == "attach":
+            # An attached server is not restarted: --max-model-len then says its context
+            # (which requests fit it), not a flag to start it with.
+            config["max_model_len"] = None
         options = CeilingOptions(
             slo=take.slo(slo_p99, slo),
-            backend=backend_kind(None if backend is None else backend.value, url=url,
-                                 model=model),
+            backend=kind,
             flags=config_flags(trial_, config, param),
             profile=sim_profile(take("profile", profile), None, take("gpus", gpus),
                                 model=take("model_profile", model_profile)),

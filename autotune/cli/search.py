@@ -21,6 +21,8 @@ from autotune.cli._options import (
     AttachUrl,
     BacklogShare,
     Budget,
+    By,
+    ByOpt,
     DatasetSource,
     GpuIds,
     Gpus,
@@ -52,6 +54,9 @@ from autotune.cli._options import (
     Storage,
     StudiesDir,
     StudyName,
+    Think,
+    ThinkOpt,
+    ThinkTime,
     TierOpt,
     Timeout,
     Tokenizer,
@@ -70,6 +75,7 @@ from autotune.cli._parse import (
     backend_kind,
     duration,
     load_space,
+    load_unit,
     parse_slo,
     parse_steady,
     parse_validate,
@@ -88,7 +94,7 @@ def search(  # one line per option, each defined in cli._options
     profile: Profile = None, model: Model = None, backend: SearchBackend = None,
     study_name: StudyName = None, storage: Storage = None, sampler: Sampler = "tpe",
     n_trials: NTrials = None, timeout: Timeout = None, budget: Budget = None,
-    objective: Objective = "tokens", per_gpu: PerGpu = False,
+    objective: Objective = None, per_gpu: PerGpu = False,
     num_prompts: NumPrompts = NUM_PROMPTS, warmup: Warmup = WARMUP, seed: SearchSeed = 0,
     prescreen: Prescreen = None, prescreen_trials: PrescreenTrials = 40, top_k: TopK = 3,
     vllm_cmd: VllmCmd = VLLM_CMD, url: AttachUrl = None, no_prune: NoPrune = False,
@@ -101,6 +107,7 @@ def search(  # one line per option, each defined in cli._options
     vllm_env: VllmEnv = None, twin: Twin = False, twin_prior: TwinPrior = None,
     twin_candidates: TwinCandidates = 12, dataset: DatasetSource = "sharegpt",
     multi_turn: MultiTurn = False, prefix_share: PrefixShare = 0.0, tier: TierOpt = None,
+    by: ByOpt = By.rate, think_time: ThinkTime = None, think: ThinkOpt = Think.exponential,
 ) -> None:
     """Search vLLM configs and rate caps for the highest goodput under the SLO."""
     with one_line_errors():
@@ -111,6 +118,7 @@ def search(  # one line per option, each defined in cli._options
         if prescreen is not None and prescreen != "sim":
             raise OptionsError(f"unknown --prescreen {prescreen!r}; the only pre-screen is "
                                "'sim'")
+        unit = load_unit(by.value, think_time, think.value)
         options = SearchOptions(
             slo=parse_slo(slo_p99, slo), space=the_space,
             backend=backend_kind(backend, url=url, model=model), profile=sim,
@@ -128,7 +136,8 @@ def search(  # one line per option, each defined in cli._options
             study_name=study_name, storage=storage, studies_dir=studies_dir,
             sampler=sampler.lower(), n_trials=n_trials,
             timeout_s=duration("--timeout", timeout), budget_s=duration("--budget", budget),
-            objective=objective, per_gpu=per_gpu, prescreen=True if prescreen else None,
+            unit=unit, objective=objective or ("tokens" if unit.closed is None else "level"),
+            per_gpu=per_gpu, prescreen=True if prescreen else None,
             prescreen_trials=prescreen_trials, top_k=top_k, prune=not no_prune,
             prove_top=prove_top, validate_s=parse_validate(validate),
             twin=TwinOptions(prior=twin_prior or sim.hardware, candidates=twin_candidates)

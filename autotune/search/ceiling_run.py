@@ -192,7 +192,9 @@ def _start_probe(o: CeilingOptions, backend: Backend, where: str, wl: Any,
         out.print(f"load: a closed loop of {closed.describe()} (each sends its next request "
                   "when its reply ends" + (" and its think time passes" if closed.think_s
                                            else "") + "); the search counts "
-                  f"{unit.label}, and its saturation and light-load tests are open loop",
+                  f"{unit.label}, and its saturation and light-load tests are open loop; "
+                  "each user's first request is warm-up too (the loop ramps up until "
+                  "every user has sent once)",
                   soft_wrap=True)
     if unit.by == "speed":
         out.print(f"load: the trace's {len(pool)} requests replayed at their logged times "

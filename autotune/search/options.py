@@ -16,6 +16,7 @@ from autotune.analysis.tiers import Tier, check_tiers
 from autotune.core.slo import SLO
 from autotune.study.space import SearchSpace
 from autotune.study.study import OBJECTIVES, SAMPLERS, storage_url, validate_name
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.options import (
     OptionsError,
     RateSearch,
@@ -70,6 +71,9 @@ class SearchOptions:
     n_trials: int | None = None  # None: 30 simulated, 20 otherwise
     timeout_s: float | None = None
     budget_s: float | None = None  # server time, the validation run included
+    # What each trial's ceiling counts (--by): req/s, or the users of a closed loop,
+    # whose search ranks configs by the users they sustain (objective "level").
+    unit: LoadUnit = RATE
     objective: str = "tokens"
     per_gpu: bool = False
     prescreen: bool | None = None  # None: when a real study has a --profile
@@ -105,6 +109,7 @@ class SearchOptions:
         if self.objective not in OBJECTIVES:
             raise OptionsError(f"unknown objective {self.objective!r}; use tokens or "
                                "requests")
+        self._check_unit()
         check_backend(self.backend, self.server.url)
         if self.backend == "vllm" and not (self.server.model or self.space.fixed.get("model")):
             raise OptionsError("--backend vllm needs --model (or 'model' under fixed: in the "
@@ -115,6 +120,27 @@ class SearchOptions:
             raise OptionsError("--twin learns from the configs autotune starts, and an "
                                "attached server runs one config: use --twin with --backend "
                                "vllm")
+
+    def _check_unit(self) -> None:
+        """A search by users ranks by users, and what predicts or re-judges in req/s
+        (the pre-screen, the twin, the tiers) does not take it yet."""
+        unit = self.unit
+        if unit.by == "speed":
+            raise OptionsError("search --by speed: a trace's speed is one config's question: "
+                               "use `autotune ceiling --dataset FILE --by speed`")
+        if unit.closed is None:
+            if self.objective == "level":
+                raise OptionsError("the objective 'level' ranks a search --by concurrency "
+                                   "or users: add --by, or use tokens or requests")
+            return
+        if self.objective != "level":
+            raise OptionsError(f"a search --by {unit.by} ranks configs by the {unit.label} "
+                               "they sustain: drop --objective")
+        for given, flag in ((self.prescreened, "--prescreen sim"),
+                            (self.twin is not None, "--twin"), (bool(self.tiers), "--tier")):
+            if given:
+                raise OptionsError(f"{flag} predicts or re-judges in req/s, not yet in "
+                                   f"{unit.label}: drop it, or search --by rate")
 
     @property
     def name(self) -> str:

@@ -51,8 +51,9 @@ from autotune.study.study import (
 )
 from autotune.study.study_twin import PROFILE_FILE, StudyTwin
 from autotune.study.worker import StudySpec, load_spec, space_to_dict
-from autotune.tuning.ceiling import lent_evidence, search_steady
+from autotune.tuning.ceiling import closed_plan, lent_evidence, search_steady
 from autotune.tuning.floor import LightTest, advice, floors, light_tests_of
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.options import DEFAULT_CONTEXT, OptionsError
 from autotune.tuning.record import stored_trials
 from autotune.tuning.validation import validate_cap
@@ -132,7 +133,7 @@ def _settings(o: SearchOptions) -> StudySettings:
         seed=o.workload.seed, n_trials=o.n_trials or (30 if o.backend == "sim" else 20),
         timeout_s=timeout_s, budget_s=budget_s, prune=o.prune, beat_incumbent=o.prune,
         attention_heads=_attention_heads(o), tol=o.rates.tol, max_probes=o.rates.max_probes,
-        headroom=o.rates.headroom, screen=o.prove_top > 0)
+        headroom=o.rates.headroom, screen=o.prove_top > 0, unit=o.unit)
 
 
 def _attention_heads(o: SearchOptions) -> int | None:
@@ -195,7 +196,8 @@ def _worker_spec(o: SearchOptions, settings: StudySettings) -> dict[str, Any]:
                        min_duration_s=o.steady.min_duration_s,
                        max_duration_s=o.steady.max_duration_s,
                        backlog_share=o.steady.backlog_share,
-                       max_probes=o.rates.max_probes, tol=o.rates.tol))
+                       max_probes=o.rates.max_probes, tol=o.rates.tol,
+                       unit=o.unit.spec()))
     return spec.attrs()
 
 
@@ -261,9 +263,10 @@ PROGRESS_EVERY_S = 30.0
 class LiveView:
     """A rich table of the trials so far (one line per trial when not a terminal)."""
 
-    def __init__(self, out: Console, slo: Any, backend: str) -> None:
+    def __init__(self, out: Console, slo: Any, backend: str, unit: LoadUnit = RATE) -> None:
         self.out = out
         self.slo = slo
+        self.unit = unit
         self.rows: list[list[str]] = []
         self.live: Live | None = None
         self.how = (SIMULATED if backend == "sim"
@@ -282,9 +285,9 @@ class LiveView:
 
     def _table(self) -> Table:
         t = Table(title=f"trials ({self.how}; SLO {self.slo})", title_justify="left")
-        for col in ("#", "config", "rate", "goodput tok/s", "P99 e2e s", "result"):
-            t.add_column(col, justify="right" if col in ("#", "rate", "goodput tok/s",
-                                                         "P99 e2e s") else "left")
+        level = "rate" if self.unit.closed is None else self.unit.label
+        for col in ("#", "config", level, "goodput tok/s", "P99 e2e s", "result"):
+            t.add_column(col, justify="left" if col in ("config", "result") else "right")
         for row in self.rows[-20:]:
             t.add_row(*row)
         return t
@@ -294,11 +297,11 @@ class LiveView:
         file or a pod shows progress while a real trial runs for minutes."""
         if self.how.startswith("simulated"):
             return  # virtual time: a whole study takes seconds, the trial lines suffice
-        rate = "inf" if math.isinf(p.rate) else f"{p.rate:.3g}"
+        rate = "inf req/s" if math.isinf(p.rate) else self.unit.fmt(p.rate)
         ev = p.evidence
         how = "" if ev is None else (f" after {ev.at_s:.0f} s of arrivals, {ev.cohort} "
                                      f"requests judged: {ev.reasons[0][:100]}")
-        self.out.print(f"  {what} {number} load test {p.index + 1} ({p.phase}) at {rate} req/s:"
+        self.out.print(f"  {what} {number} load test {p.index + 1} ({p.phase}) at {rate}:"
                        f" {p.verdict}{how}", soft_wrap=True, highlight=False, markup=False)
 
     def progress(self, number: int, rate: float, ev: Any, what: str = "trial") -> None:
@@ -314,7 +317,8 @@ class LiveView:
         limits = ", ".join(f"{lim.label} {lim.observed_s:.3g} s" for lim in ev.limits)
         served = (f"{100 * ev.served_share:.0f}% of arrivals served"
                   if math.isfinite(ev.served_share) else "none served yet")
-        self.out.print(f"  {what} {number} at {rate:.3g} req/s: {ev.at_s:.0f} s of arrivals, "
+        self.out.print(f"  {what} {number} at {self.unit.fmt(rate)}: {ev.at_s:.0f} s of "
+                       "arrivals, "
                        f"{ev.sent} sent, {ev.completed} completed, "
                        f"{ev.sent - ev.completed} in flight, {ev.cohort} judged, {served}, "
                        f"{limits} so far: {ev.verdict} so far",
@@ -334,20 +338,22 @@ class LiveView:
             elif result.status == "pruned" and result.prune is not None:
                 verdict = f"pruned at {result.prune.at_s:.0f}s: {result.reason}"
             elif result.status == "pruned" or result.reason == "below_incumbent":
-                verdict = f"below_incumbent: fails the rate that beats the best ({result.rate:.2f})"
+                verdict = ("below_incumbent: fails the level that beats the best "
+                           f"({self.unit.fmt(result.rate)})")
             else:
                 verdict = f"infeasible: {result.reason}"
                 # Whole: a cut mid-reason hid the part that decided (the steady
                 # half's bound, behind "(st").
                 if result.detail and result.reason != "slo_missed":
                     verdict += f" ({result.detail})"
-            row = [str(number), flags_line(result.flags), f"{result.rate:.2f}", good, p99,
-                   verdict]
+            level = (f"{result.rate:.2f}" if self.unit.closed is None
+                     else f"{result.rate:.0f}")
+            row = [str(number), flags_line(result.flags), level, good, p99, verdict]
         self.rows.append(row)
         if self.live is not None:
             self.live.update(self._table())
         else:
-            self.out.print(f"trial {row[0]:>3}  {row[1]:<48} rate {row[2]:>6}  "
+            self.out.print(f"trial {row[0]:>3}  {row[1]:<48} {self.unit.label} {row[2]:>6}  "
                            f"goodput {row[3]:>8}  p99 {row[4]:>6}  {row[5]}",
                            soft_wrap=True, highlight=False)
 
@@ -381,7 +387,7 @@ def run_search(o: SearchOptions) -> int:
     twin = _twin(o, settings, load_plan, out)
     phases: dict[str, float] = {}  # wall seconds of each phase, said at the end
     try:
-        with LiveView(out, o.slo, o.backend) as view:
+        with LiveView(out, o.slo, o.backend, o.unit) as view:
             run = run_study(settings, backend, load_plan, storage=storage,
                             enqueue=enqueue, on_result=view.add, on_trial_end=on_trial_end,
                             on_probe=view.probe, on_progress=view.progress,
@@ -457,11 +463,13 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
     answer rests on full tests rather than screening ones."""
     views = _views(run.study)
     bounds = rate_bounds(settings.space)
+    objective = {"tokens": "output tok/s", "requests": "req/s"}.get(o.objective, o.unit.label)
     rec = rec_mod.recommend(
-        views, slo=str(o.slo),
-        objective=("output tok/s" if o.objective == "tokens" else "req/s")
-        + (" per GPU" if o.per_gpu else ""),
-        headroom=o.rates.headroom, rate_high=bounds[1] if bounds else None)
+        views, slo=str(o.slo), objective=objective + (" per GPU" if o.per_gpu else ""),
+        headroom=o.rates.headroom,
+        rate_high=bounds[1] if bounds and o.unit.closed is None else None)
+    rec.unit = o.unit.label
+    _whole_cap(rec, o.unit)
     phases["study"] = run.wall_s
     ceilings: list[Any] = []
     if o.prove_top:
@@ -471,6 +479,7 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
                           else server0 + settings.budget_s)
         rec = rec_mod.apply_ceilings(rec, views, [c.to_dict() for c in ceilings],
                                      objective=o.objective, per_gpu=o.per_gpu)
+        _whole_cap(rec, o.unit)
         phases["proof"] = time.monotonic() - t0
     if o.tiers:
         rec.tiers = [a.to_dict() for a in _tiers(o, settings, run, backend, load_plan, view,
@@ -488,6 +497,13 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
         phases["validation"] = time.monotonic() - t0
     _rate_table(rec, run.study, backend)
     return rec
+
+
+def _whole_cap(rec: Any, unit: LoadUnit) -> None:
+    """A cap in users is whole users under the ceiling, as the ceiling search's is."""
+    top = rec.best.max_feasible_rate
+    if unit.closed is not None and top is not None:
+        rec.rate_cap = unit.cap(top, rec.headroom)
 
 
 def _tiers(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend,
@@ -522,7 +538,7 @@ def _no_recommendation(exc: RecommendError, o: SearchOptions, run: Any, load_pla
     """Say why there is no answer, with how the run ended, since that is what to change."""
     text = str(exc)
     if isinstance(exc, rec_mod.NothingFeasible):
-        floor = _floor_note(run.study, o.slo, load_plan)
+        floor = _floor_note(run.study, o.slo, load_plan, o.unit)
         if floor:  # "lower the rate" is the wrong advice there: say why instead
             text = f"{exc.finding}: {floor}"
     # How the run ended is part of the answer: a budget that ran out is the first
@@ -599,7 +615,7 @@ def _prove(o: SearchOptions, settings: StudySettings, run: Any, backend: Any, lo
 
     return refine_ceilings(run.rows, backend, load_plan, top_k=o.prove_top,
                            headroom=o.rates.headroom, tol=o.rates.tol,
-                           max_probes=o.rates.max_probes,
+                           max_probes=o.rates.max_probes, unit=o.unit,
                            out_dir=settings.out_dir, on_ceiling=show,
                            deadline_s=deadline_s,
                            on_probe=lambda n, p: view.probe(n, p, "proof of trial"),
@@ -674,11 +690,13 @@ def _views(study: Any) -> list[Any]:
     return [view_of(t) for t in stored_trials(study)]
 
 
-def _floor_note(study: Any, slo: Any, load_plan: Any) -> str | None:
+def _floor_note(study: Any, slo: Any, load_plan: Any, unit: LoadUnit = RATE) -> str | None:
     """When no config met the SLO: is a limit missed even where a config kept up with
-    the load (so a lower rate cannot help)?  From each trial's lowest-rate test."""
+    the load (so a lower rate cannot help)?  From each trial's lowest-rate test (of a
+    search by rate: a search by users has its light-load tests, in req/s)."""
     trials = stored_trials(study)
-    tests = [LightTest.of(t.number, t.rate, t.evidence) for t in trials]
+    tests = ([LightTest.of(t.number, t.rate, t.evidence) for t in trials]
+             if unit.closed is None else [])
     tests += [lt for t in trials for lt in light_tests_of(t.number, t.probes(trials))]
     under = floors(slo, [t for t in tests if t is not None])
     if not under:
@@ -741,10 +759,12 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, o: SearchOptions,
     if proof is not None and load_plan.steady is not None:
         load_plan = replace(load_plan, steady=search_steady(load_plan.steady,
                                                             settings.max_probes))
+    if o.unit.closed is not None:
+        load_plan = closed_plan(load_plan, o.unit, proof)
 
     how = "virtual time" if backend.mode == "virtual" else "real time"
     duration_s = float(o.validate_s or 300.0)
-    out.print(f"validating: the recommended config at its cap {rec.rate_cap:g} req/s for "
+    out.print(f"validating: the recommended config at its cap {rec.level(rec.rate_cap)} for "
               f"{duration_s / 60:g} min ({how}); a failed run steps the cap down 5%",
               soft_wrap=True)
     val = validate_cap(backend, rec.best.flags, float(rec.rate_cap), load_plan,
@@ -755,10 +775,12 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, o: SearchOptions,
                            settings.out_dir, settings.name, rec.best.trial, res,
                            "validation"),
                        on_run=lambda r: out.print(
-                           f"  {r.rate:g} req/s: {r.verdict} ({r.requests} requests judged)",
+                           f"  {rec.level(r.rate)}: {r.verdict} ({r.requests} requests "
+                           "judged)",
                            soft_wrap=True, highlight=False))
     rec.validation = val.to_dict()
-    rec.rate_cap = None if val.rate is None else round(val.rate, 2)
+    rec.rate_cap = None if val.rate is None else (
+        round(val.rate, 2) if o.unit.closed is None else float(math.floor(val.rate)))
     rec.notes.append(val.sentence())
 
 
@@ -768,7 +790,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
               soft_wrap=True)
     out.print(f"  goodput {b.goodput_tokens:,.0f} output tok/s ({b.goodput_requests:.2f} "
-              f"req/s) at {b.rate:.2f} req/s, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
+              f"req/s) at {rec.level(b.rate)}, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
               f"{b.attainment:.1%}", soft_wrap=True)
     if b.predicted:
         p = b.predicted
@@ -783,41 +805,44 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     if base is not None and rec.vs_baseline.get("same_config"):
         out.print(f"  vs vLLM defaults: {rec.vs_baseline['note']}", soft_wrap=True)
     elif base is not None:
-        verdict = (f"{ratio:.2f}x its goodput" if ratio is not None
+        what = "goodput" if rec.unit == "req/s" else f"ceiling ({rec.unit})"
+        verdict = (f"{ratio:.2f}x its {what}" if ratio is not None
                    else rec.vs_baseline.get("note", ""))
         out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
-                  f"{base.rate:.2f} req/s): {verdict}", soft_wrap=True)
+                  f"{rec.level(base.rate)}): {verdict}", soft_wrap=True)
         if rec.vs_baseline.get("equal_gpus_note"):
             out.print(f"  vs vLLM defaults on equal GPUs: {rec.vs_baseline['equal_gpus_note']}",
                       soft_wrap=True)
         ceil_ratio = rec.vs_baseline.get("goodput_ratio_at_ceilings")
         if ceil_ratio is not None:
             out.print(f"  vs vLLM defaults at their own ceiling "
-                      f"({rec.vs_baseline['baseline_ceiling_rate']:.2f} req/s, "
+                      f"({rec.level(rec.vs_baseline['baseline_ceiling_rate'])}, "
                       f"{rec.vs_baseline['baseline_ceiling_goodput_tokens']:,.0f} tok/s, "
                       f"simulated): {ceil_ratio:.2f}x its goodput", soft_wrap=True)
         elif rec.vs_baseline.get("baseline_ceiling_note"):
             out.print("  " + rec.vs_baseline["baseline_ceiling_note"], soft_wrap=True)
-    why = ("its ceiling: the highest rate whose steady-state load test passed in its "
-           "trial's rate search")
+    why = ("its ceiling: the highest level whose steady-state load test passed in its "
+           "trial's search")
     if rec.validation is not None:
         out.print("  " + str(rec.validation.get("sentence")), soft_wrap=True, highlight=False)
     if rec.rate_cap is None:
-        out.print(f"  [bold red]no rate cap:[/] no validation run passed at or below "
-                  f"{b.max_feasible_rate:.2f} req/s", soft_wrap=True)
+        out.print(f"  [bold red]no cap:[/] no validation run passed at or below "
+                  f"{rec.level(b.max_feasible_rate)}", soft_wrap=True)
     else:
-        out.print(f"  rate cap at the gateway: [bold]{rec.rate_cap:g} req/s[/] "
-                  f"({rec.headroom:.0%} under {b.max_feasible_rate:.2f} req/s, {why}"
+        out.print(f"  {'rate' if rec.unit == 'req/s' else 'load'} cap at the gateway: "
+                  f"[bold]{rec.level(rec.rate_cap)}[/] ({rec.headroom:.0%} under "
+                  f"{rec.level(b.max_feasible_rate)}, {why}"
                   + (", then validated" if rec.validation and rec.validation.get("passed")
                      else "") + ")", soft_wrap=True)
     out.print("  deploy: " + b.command, soft_wrap=True, highlight=False, markup=False)
     for p in rec.next_best:
-        out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {p.rate:.2f} req/s: "
+        out.print(f"  next: trial {p.trial} {flags_line(p.flags)} at {rec.level(p.rate)}: "
                   f"{p.goodput_tokens:,.0f} tok/s, P99 {p.p99_e2e_s:.2f} s", soft_wrap=True)
     if rec.table:
         t = Table(title="recommended config across rates", caption=rec.table_how,
                   title_justify="left", caption_justify="left")
-        for col in ("rate (req/s)", "goodput tok/s", "P99 e2e (s)", "GPU util", "verdict"):
+        for col in (f"level ({rec.unit})", "goodput tok/s", "P99 e2e (s)", "GPU util",
+                    "verdict"):
             t.add_column(col, justify="left" if col == "verdict" else "right")
         for row in rec.table:
             gpu = row.get("gpu_util_pct")

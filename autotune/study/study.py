@@ -53,13 +53,16 @@ from autotune.tuning.ceiling import (
     min_samples_for_bound,
     search_steady,
 )
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.pruning import PrunerSettings
 from autotune.tuning.record import StoredTrial, stored_trials
 from autotune.tuning.trial import INFEASIBLE, PRUNED, TrialResult, write_records
 from autotune.tuning.verdict import SteadyState, screening
 
 SAMPLERS = ("tpe", "gp", "random", "grid")
-OBJECTIVES = ("tokens", "requests")
+# "level": the ceiling itself, in users or requests in flight (a search --by users or
+# concurrency), for which req/s and tok/s are consequences, not the aim.
+OBJECTIVES = ("tokens", "requests", "level")
 PRESCREEN_BY = "the simulator pre-screen"  # who predicted a trial's ceiling (``predicted``)
 RUNS_KEY = "runs"  # constraint: 0 when the server ran the config, 1 when it could not
 # Trial system attr, set once every value of the trial is suggested; see _choosing.
@@ -103,6 +106,9 @@ class StudySettings:
     # short tests judged on point estimates, to rank configs; the best ones are then
     # proven (refine_ceilings).  False: every trial a full ceiling search.
     screen: bool = False
+    # What each trial's ceiling counts: req/s, or the users of a closed loop (whose
+    # study maximizes the users, objective "level").
+    unit: LoadUnit = RATE
 
     @property
     def out_dir(self) -> Path:
@@ -159,13 +165,14 @@ def open_study(settings: StudySettings, storage: optuna.storages.BaseStorage,
 def _study_attrs(settings: StudySettings) -> dict[str, Any]:
     return {"slo": str(settings.slo), "space": settings.space.name,
             "objective": settings.objective, "per_gpu": settings.per_gpu,
-            "gpus": settings.gpus}
+            "gpus": settings.gpus, "load_unit": settings.unit.spec()}
 
 
 def _check_same_study(study: optuna.Study, settings: StudySettings) -> None:
-    """Resuming with another SLO or objective would mix incomparable trials."""
+    """Resuming with another SLO, objective or load unit would mix incomparable
+    trials."""
     old = study.user_attrs
-    for key in ("slo", "objective", "per_gpu"):
+    for key in ("slo", "objective", "per_gpu", "load_unit"):
         new = _study_attrs(settings)[key]
         if key in old and old[key] != new:
             raise StudyError(
@@ -318,7 +325,9 @@ class Objective:
         self.saved_s = 0.0
         self.space = settings.space.for_configs(gpus=settings.gpus,
                                                 attention_heads=settings.attention_heads)
-        self.rates = rate_bounds(settings.space)
+        # The space's request_rate bounds the rates a search by rate tries; users are
+        # another unit, bounded only by what the server sustains.
+        self.rates = rate_bounds(settings.space) if settings.unit.closed is None else None
         # When ``settings.budget_s`` ends on the backend's server_s clock (run_study
         # sets it): no load test starts after it, and one running then is cut there.
         self.deadline_s: float | None = None
@@ -381,22 +390,26 @@ class Objective:
         told = trial.user_attrs.get("predicted") or {}
         predicted = told.get("ceiling_rate")
         need: float | None = None
+        unit = self.s.unit
         if best is not None and best > 0:
             scale = gpus if self.s.per_gpu else 1
-            per_req = 1.0 if self.s.objective == "requests" else self.plan.mean_output_tokens()
+            per_req = (1.0 if self.s.objective in ("requests", "level")
+                       else self.plan.mean_output_tokens())
             if per_req > 0:
-                need = best * scale / per_req
+                need = unit.at(best * scale / per_req)
         if predicted and (need is None or float(predicted) > need):
             by = told.get("by")
             why = ("the pre-screen's predicted ceiling" if by in (None, PRESCREEN_BY)
                    else f"the twin's predicted ceiling ({by})")
             if need is not None:
-                why += f" (above the {need:.4g} req/s that beats the incumbent)"
+                why += f" (above the {unit.fmt(need)} that beats the incumbent)"
             return float(predicted), False, why, need
         if need is not None:
-            return need, True, (f"beat the incumbent: {best:,.4g} "
-                                f"{'req/s' if self.s.objective == 'requests' else 'tok/s'}"
-                                f" needs {need:.4g} req/s"), None
+            best_unit = {"requests": "req/s", "level": unit.label}.get(self.s.objective,
+                                                                      "tok/s")
+            return need, True, (f"beat the incumbent: {best:,.4g} {best_unit}"
+                                f"{' per GPU' if self.s.per_gpu else ''} needs "
+                                f"{unit.fmt(need)}"), None
         return None, False, "a saturation probe (no incumbent yet)", None
 
     def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
@@ -411,7 +424,7 @@ class Objective:
         probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
                              seed=plan.seed, window_s=plan.window_s,
                              request_timeout_s=plan.request_timeout_s, steady=steady,
-                             deadline_s=self.deadline_s)
+                             deadline_s=self.deadline_s, unit=self.s.unit)
         progress = self.on_progress
         if progress is not None:
             probe.on_evidence = lambda rate, ev: progress(trial.number, rate, ev)
@@ -427,7 +440,8 @@ class Objective:
                 max_probes=max_probes, num_prompts=max(len(plan.requests), 1),
                 max_num_prompts=max(len(plan.requests), 2400), headroom=self.s.headroom,
                 min_rate=low, max_rate=high, first_must_pass=must_pass, on_probe=on_probe,
-                lowest_rate=None if steady is None else steady.lowest_rate(plan.slo))
+                lowest_rate=None if steady is None else steady.lowest_rate(plan.slo),
+                unit=self.s.unit)
             if not ceiling.probes:  # the budget ran out before the first load test
                 raise BudgetSpent(ceiling.sentence())
         except (CeilingError, TrialFailed) as exc:
@@ -452,7 +466,7 @@ class Objective:
         if result.records:
             result.records_path = str(write_records(self.s.out_dir, trial.number,
                                                     result.records))
-        value = result.goodput(self.s.objective, self.s.per_gpu) if at is not None else 0.0
+        value = (0.0 if at is None else trial_value(result, self.s, ceiling.feasible_max))
         return ConfigOutcome(result, ceiling, value, ceiling.below_start, why,
                              self.backend.server_s - before, self._launch(probe.results),
                              probe)
@@ -615,6 +629,14 @@ def _alive_on_this_host(t: FrozenTrial) -> bool:
     pid = t.system_attrs.get("autotune:pid")
     return (t.system_attrs.get("autotune:host") == socket.gethostname()
             and isinstance(pid, int) and pid != os.getpid() and process_running(pid))
+
+
+def trial_value(result: TrialResult, s: StudySettings, level: float | None) -> float:
+    """A searched config's objective: its goodput at its ceiling, or for a search by
+    users the ceiling itself (per GPU when asked)."""
+    if s.objective != "level":
+        return result.goodput(s.objective, s.per_gpu)
+    return (level or 0.0) / (max(result.gpus or 1, 1) if s.per_gpu else 1)
 
 
 def incumbent(study: optuna.Study) -> float | None:
@@ -912,6 +934,7 @@ def refine_ceilings(
     deadline_s: float | None = None,
     on_probe: Callable[[int, Any], None] | None = None,
     on_progress: Callable[[int, float, Any], None] | None = None,
+    unit: LoadUnit = RATE,
 ) -> list[RefinedCeiling]:
     """Run ``find_ceiling`` on the ``top_k`` best feasible configs, starting at each
     trial's rate, on the study's backend (one server start per config, reused across its
@@ -930,7 +953,7 @@ def refine_ceilings(
         # A config whose screening passed nothing starts after a saturation test.
         start = float(row.rate) if row.feasible and row.rate else None
         probe = _refine_probe(backend, config, plan, steady, deadline_s, on_progress,
-                              row.number)
+                              row.number, unit)
         try:
             result = find_ceiling(probe, slo=plan.slo, start_rate=start, tol=tol,
                                   on_probe=None if on_probe is None else (
@@ -938,7 +961,7 @@ def refine_ceilings(
                                   max_probes=max_probes, num_prompts=n,
                                   max_num_prompts=2 * max(n, need), headroom=headroom,
                                   lowest_rate=None if steady is None
-                                  else steady.lowest_rate(plan.slo))
+                                  else steady.lowest_rate(plan.slo), unit=unit)
         except (CeilingError, TrialFailed) as exc:
             out_note = f"trial {row.number}: ceiling search stopped: {exc}"
             if on_ceiling is not None:
@@ -957,14 +980,15 @@ def refine_ceilings(
 
 def _refine_probe(backend: Backend, config: dict[str, Any], plan: LoadPlan, steady: Any,
                   deadline_s: float | None,
-                  on_progress: Callable[[int, float, Any], None] | None, number: int) -> Any:
+                  on_progress: Callable[[int, float, Any], None] | None, number: int,
+                  unit: LoadUnit = RATE) -> Any:
     """One config's probe over the whole pool (warm-up included), reporting its running
     evidence under the trial's number."""
     pool = list(plan.warmup_requests) + list(plan.requests)
     probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
                          seed=plan.seed, window_s=plan.window_s,
                          request_timeout_s=plan.request_timeout_s, steady=steady,
-                         deadline_s=deadline_s)
+                         deadline_s=deadline_s, unit=unit)
     if on_progress is not None:
         probe.on_evidence = functools.partial(on_progress, number)
     return probe

@@ -70,6 +70,7 @@ from autotune.study.study import (
     process_running,
     validate_name,
 )
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.verdict import SteadyState
 from autotune.workload.pool import pool_workload
 from autotune.workload.sources import build_workload
@@ -114,14 +115,15 @@ def space_to_dict(space: SearchSpace) -> dict[str, Any]:
 
 def load_spec(*, warmup: int, seed: int, min_duration_s: float | None,
               max_duration_s: float | None, backlog_share: float, max_probes: int,
-              tol: float) -> dict[str, Any]:
+              tol: float, unit: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A spec's ``load`` block: how each load test runs (Poisson arrivals, 1 s windows,
     600 s per request, no concurrency cap) and how each config's ceiling is searched,
     as :func:`build_plan` reads it back."""
     return {"warmup": warmup, "process": "poisson", "burstiness": 1.0, "window_s": 1.0,
             "request_timeout_s": 600.0, "max_concurrency": None, "seed": seed,
             "min_duration_s": min_duration_s, "max_duration_s": max_duration_s,
-            "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol}
+            "backlog_share": backlog_share, "max_probes": max_probes, "tol": tol,
+            "unit": dict(unit or RATE.spec())}
 
 
 @dataclass
@@ -533,7 +535,8 @@ def _worker_settings(opts: WorkerOptions, spec: StudySpec, wid: str, n_trials: i
         gpus=spec.gpus, seed=_worker_seed(spec.seed, wid), n_trials=n_trials,
         prune=spec.prune, attention_heads=space.attention_heads,
         tol=float(spec.load.get("tol", 0.03)),
-        max_probes=int(spec.load.get("max_probes", 8)))
+        max_probes=int(spec.load.get("max_probes", 8)),
+        unit=LoadUnit.from_spec(spec.load.get("unit")))
 
 
 def _open_worker_study(settings: StudySettings, storage: Any, pruner: Any,

@@ -467,6 +467,16 @@ class CeilingResult:
         }
 
 
+def closed_plan(plan: LoadPlan, unit: LoadUnit, proof: CeilingResult | None) -> LoadPlan:
+    """``plan`` as a closed loop of ``unit``'s users (a validation after a search by
+    users), its tests sized as the search's were: for at most CLOSED_RATE_MARGIN times
+    the throughput the proof's saturation test measured."""
+    sat = None if proof is None else proof.saturated_throughput
+    return dataclasses.replace(
+        plan, closed=unit.closed,
+        closed_rate_cap=None if not sat else CLOSED_RATE_MARGIN * sat)
+
+
 def load_figures(p: Probe) -> dict[str, float | None]:
     """A probe's load in every unit, over its judged requests: the rate they were sent
     at (by the users, or the arrival process), the requests in flight on average over

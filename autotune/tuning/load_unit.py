@@ -12,6 +12,7 @@ apart.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from autotune.workload.arrivals import ClosedLoop
@@ -63,6 +64,21 @@ class LoadUnit:
                 raise ValueError("--think-time applies to --by users only")
             return cls(by=by)
         return cls(by=by, closed=ClosedLoop(think_s=think_s or 0.0, think=think))
+
+    def spec(self) -> dict[str, str | float]:
+        """What a study stores of its unit, read back by :meth:`from_spec`."""
+        closed = self.closed
+        return {"by": self.by, "think_s": 0.0 if closed is None else closed.think_s,
+                "think": "exponential" if closed is None else closed.think}
+
+    @classmethod
+    def from_spec(cls, spec: Mapping[str, object] | None) -> LoadUnit:
+        """The unit a study stored (a study from before units searched req/s)."""
+        if not spec:
+            return RATE
+        think_s = float(spec.get("think_s") or 0.0)  # type: ignore[arg-type]
+        return cls.of(str(spec.get("by", "rate")), think_s or None,
+                      str(spec.get("think", "exponential")))
 
     @property
     def whole(self) -> bool:

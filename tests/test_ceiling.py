@@ -515,3 +515,37 @@ def test_an_undecided_share_is_called_the_floor_only_between_half_and_the_allowa
     assert len(short) == 1 and "floor" not in short[0]
     assert "cluster (x6)" in short[0] and "--max-duration" in short[0]
     assert zone_notes([_undecided(2.0, 4000, 60, 1.0)], slo) == []  # type: ignore[list-item]
+
+
+def test_no_test_of_a_search_sends_another_tests_requests_again() -> None:
+    """A real server with prefix caching serves a prompt it saw before from its cache:
+    the saturation, light-load and bracketing tests each take fresh requests from the
+    pool (the first bracketing test used to re-send the saturation test's)."""
+    from autotune.backends.sim import SimBackend
+    from autotune.tuning.ceiling import BackendProbe
+    from autotune.tuning.verdict import SteadyState
+
+    class Recording(SimBackend):
+        def __init__(self) -> None:
+            super().__init__("1xa100-80gb", "llama-3-8b")
+            self.sent: list[set[int]] = []
+
+        def load_test(self, rate, plan, on_window):  # type: ignore[no-untyped-def]
+            run = super().load_test(rate, plan, on_window)
+            measured = plan.measured_for(rate)
+            self.sent.append({id(measured[r.index]) for r in run.records
+                              if not r.warmup and r.sent_s is not None})
+            return run
+
+    backend = Recording()
+    steady = SteadyState(min_duration_s=20.0, max_duration_s=30.0, min_requests=50)
+    probe = BackendProbe(backend, {"max_num_seqs": 32}, SIM_SLO, _sim_pool(), warmup=30,
+                         steady=steady)
+    probe(math.inf, 120)
+    probe(math.inf, 40, light=True)
+    probe(2.0, 100)
+    probe(3.0, 100)
+    assert len(backend.sent) == 4 and all(backend.sent)
+    for i, a in enumerate(backend.sent):
+        for b in backend.sent[i + 1:]:
+            assert not a & b

@@ -1438,12 +1438,21 @@ class BackendProbe:
         # no faster than a few times it, which sizes their tests.
         self.saturated_rps: float | None = None
 
-    def light_plan(self, n: int) -> Any:
+    def _fresh(self, n: int, order: Sequence[int], cursor: int) -> list[Request]:
+        """``n`` measured requests from ``cursor`` on, past the warm-up ones: a server
+        with prefix caching must not see a test's prompts again in a later test (the
+        first bracketing test re-sent the saturation test's, whose prompts a real vLLM
+        had cached)."""
+        start = self.warmup + cursor
+        return [self.pool[order[(start + i) % len(order)]] for i in range(n)]
+
+    def light_plan(self, n: int, at: Sequence[int] | None = None) -> Any:
         """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
         short warm-up; judged on its samples, not on a steady-state verdict."""
-        picks = [self.pool[i % len(self.pool)] for i in range(n + FLOOR_CONCURRENCY)]
-        return LoadPlan(slo=self.slo, requests=picks[FLOOR_CONCURRENCY:],
-                        warmup_requests=picks[:FLOOR_CONCURRENCY], warmup=FLOOR_CONCURRENCY,
+        warm = [self.pool[i % len(self.pool)] for i in range(FLOOR_CONCURRENCY)]
+        cursor = self.cursor if at is None else at[0]
+        return LoadPlan(slo=self.slo, requests=self._fresh(n, range(len(self.pool)), cursor),
+                        warmup_requests=warm, warmup=FLOOR_CONCURRENCY,
                         seed=self.seed, window_s=self.window_s,
                         request_timeout_s=self.request_timeout_s,
                         max_concurrency=FLOOR_CONCURRENCY)
@@ -1457,14 +1466,14 @@ class BackendProbe:
             order = np.random.default_rng([self.seed, repeat]).permutation(order).tolist()
         picks = [self.pool[order[i % len(order)]] for i in range(self.warmup + n)]
         seed = self.seed + 7919 * repeat
+        cursor, tests = (self.cursor, self.timed_tests) if at is None else at
         if self.steady is not None and math.isfinite(rate):
             # Sized by time: the whole pool from where the last test stopped, cycled as
             # far as the test runs.
-            cursor, tests = (self.cursor, self.timed_tests) if at is None else at
-            start = self.warmup + cursor
-            measured = [self.pool[order[(start + i) % len(order)]]
-                        for i in range(len(order))]
+            measured = self._fresh(len(order), order, cursor)
             seed += 104729 * tests
+        elif math.isinf(rate):  # the saturation test, on requests no other test sends
+            measured = self._fresh(n, order, cursor)
         else:
             measured = picks[self.warmup:]
         if self.unit.by == "speed" and math.isfinite(rate):
@@ -1507,12 +1516,14 @@ class BackendProbe:
                        prune=self.prune and math.isfinite(rate) and not light,
                        on_evidence=None if seen is None else (lambda ev: seen(rate, ev)))
         self.results.append(result)
-        pool_at: tuple[int, int] | None = None
+        # Where in the pool this test started; every test moves the cursor past what it
+        # sent, so none sends another's requests again.
+        pool_at: tuple[int, int] | None = (self.cursor, self.timed_tests)
         if plan.steady is not None and not light:
-            pool_at = (self.cursor, self.timed_tests)
             self.timed_tests += 1
-            self.cursor += sum(1 for r in result.records
-                               if not r.warmup and r.sent_s is not None)
+        elif not (light or math.isinf(rate)):
+            pool_at = None  # a test of fixed requests: ``picks``, not the cursor
+        self.cursor += sum(1 for r in result.records if not r.warmup and r.sent_s is not None)
         self.pool_ats.append(pool_at)
         if math.isinf(rate) and not light and result.summary is not None:
             self.saturated_rps = (completion_rate(result.records) or busy_rate(result.records)

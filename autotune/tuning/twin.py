@@ -247,9 +247,7 @@ def sent_requests(plan: LoadPlan, rate: float) -> list[Request]:
     """The requests a load test of ``plan`` at ``rate`` sends, in order: ``warmup``
     drawn in turn from the warm-up pool (or the measured one), then the measured ones
     (the convention of the load generator and the simulator backend)."""
-    pool = list(plan.warmup_requests) or list(plan.requests)
-    warm = [pool[i % len(pool)] for i in range(plan.warmup)] if pool else []
-    return warm + plan.measured_for(rate)
+    return plan.warm_requests(rate) + plan.measured_for(rate)
 
 
 def observations_from_search(probe: BackendProbe, ceiling: CeilingResult, *,
@@ -300,7 +298,7 @@ def observation_of(probe: BackendProbe, result: Any, *, rate: float, num_prompts
     where = f"trial {trial}, " if trial is not None else ""
     return ObservedTest.from_records(
         flags=result.flags, rate=rate, requests=sent_requests(plan, rate),
-        records=result.records, warmup=plan.warmup, cap=cap,
+        records=result.records, warmup=plan.warmup_at(rate), cap=cap,
         max_concurrency=plan.max_concurrency, trial=trial,
         label=f"{where}{label} at {rate:.4g} req/s")
 
@@ -335,7 +333,7 @@ def observations_from_stored(trial: StoredTrial, plan: LoadPlan, *, cap: int = 3
                               seed=plan.seed, steady=plan.steady).plan(n, 0, rate, at=at)
     return [ObservedTest.from_records(
         flags=trial.flags, rate=rate, requests=sent_requests(probe_plan, rate),
-        records=read_records(str(path)), warmup=probe_plan.warmup, cap=cap,
+        records=read_records(str(path)), warmup=probe_plan.warmup_at(rate), cap=cap,
         max_concurrency=plan.max_concurrency, trial=trial.number,
         label=f"trial {trial.number} at {rate:.4g} req/s")]
 

@@ -65,6 +65,9 @@ def test_a_search_by_concurrency_ranks_configs_by_the_requests_they_keep_in_flig
     assert all(r["rate"] == int(r["rate"]) for r in validation["runs"])
     assert f"load cap at the gateway: {rec['rate_cap']:.0f} in flight" in out
     assert f"**{rec['rate_cap']:,.0f} in flight**" in (folder / "recommendation.md").read_text()
+    report = (folder / "report.md").read_text()
+    assert "| level (in flight) |" in report and "ceiling (in flight)" in report
+    assert "rate (req/s)" not in report
 
     storage = f"sqlite:///{tmp_path / 'studies' / 'conc.db'}"
     study = optuna.load_study(study_name="conc", storage=storage)

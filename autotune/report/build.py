@@ -229,8 +229,9 @@ def baseline_row(data: StudyData) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------- tables
 
 
-def trials_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Any:
-    headers = ["trial", "config", "status", "rate (req/s)", "req/s", "output tok/s",
+def trials_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                 unit: str = "req/s") -> Any:
+    headers = ["trial", "config", "status", _level(unit), "req/s", "output tok/s",
                "goodput tok/s", "P99 TTFT (s)", "P99 E2E (s)", "attainment",
                "GPU util", "why"]
     body = []
@@ -256,8 +257,13 @@ def trials_table(rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Any:
                            "is shown only for trials whose load test met the SLO")
 
 
-def probes_table(probe_rows: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> Any:
-    headers = ["config", "probe", "phase", "rate (req/s)", "requests", "verdict", "binding",
+def _level(unit: str) -> str:
+    return "rate (req/s)" if unit == "req/s" else f"level ({unit})"
+
+
+def probes_table(probe_rows: Sequence[Mapping[str, Any]], keys: Sequence[str],
+                 unit: str = "req/s") -> Any:
+    headers = ["config", "probe", "phase", _level(unit), "requests", "verdict", "binding",
                "req/s", "output tok/s", "P99 E2E (s)", "GPU util", "pruned"]
     body = [[config_label(p.get("config") or {}, keys) if p.get("config") else
              (f"trial {p['trial']}" if p.get("trial") is not None else "-"),
@@ -298,7 +304,7 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
             blocks.append(Text(
                 f"Closest trial: #{closest['trial']} "
                 f"({config_label(closest.get('config') or {}, keys)}) at "
-                f"{fmt_rate(closest.get('rate'))} req/s: P99 E2E "
+                f"{fmt_rate(closest.get('rate'))} {data.unit}: P99 E2E "
                 f"{fmt_s(closest.get('e2e_p99_s'))} s, attainment "
                 f"{fmt_frac(closest.get('attainment'))}"
                 + (f"; over the limits by {margins}" if margins else "")
@@ -321,11 +327,12 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     if same and isinstance(rec.get("rate_cap"), int | float):
         cap = float(rec["rate_cap"])
     base = baseline_row(data)
+    what = "rate" if data.unit == "req/s" else "load"
     rows = [["config", config_label(best.get("config") or {})],
             ["trial", str(best["trial"])],
-            ["rate tried (req/s)", fmt_rate(best.get("rate"))],
-            ["ceiling (req/s)", fmt_rate(ceiling)],
-            [f"rate cap with {headroom:.0%} headroom (req/s)", fmt_rate(cap)],
+            [f"{what} tried ({data.unit})", fmt_rate(best.get("rate"))],
+            [f"ceiling ({data.unit})", fmt_rate(ceiling)],
+            [f"{what} cap with {headroom:.0%} headroom ({data.unit})", fmt_rate(cap)],
             ["goodput (output tok/s)", f"{best.get('goodput_tokens') or 0:,.0f}"],
             ["goodput (req/s)", fmt_rate(best.get("goodput_requests"))],
             ["P99 E2E (s)", fmt_s(best.get("e2e_p99_s"))],
@@ -475,11 +482,11 @@ def _figure_blocks(figs: Mapping[str, Path], notes: Sequence[str], rel: str,
 def _add_tables(page: Page, data: StudyData, keys: Sequence[str]) -> None:
     """The sections after the figures: every trial, the ceiling probes (or why there
     are none), imported results, and the commands that reproduce the page."""
-    page.add("Trials", trials_table(data.rows, keys))
+    page.add("Trials", trials_table(data.rows, keys, data.unit))
     probe_rows = ceiling_probe_rows(data.ceilings)
     if probe_rows:
         answers = [Text(str(c["answer"]), "p") for c in data.ceilings if c.get("answer")]
-        page.add("Ceiling probes", *answers, probes_table(probe_rows, keys))
+        page.add("Ceiling probes", *answers, probes_table(probe_rows, keys, data.unit))
     else:
         page.add("Ceiling probes", Text("no ceiling search was run for this study "
                                         "(`autotune ceiling` or `search --refine-top`)",

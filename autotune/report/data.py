@@ -63,6 +63,15 @@ class StudyData:
         return next((r["slo"] for r in self.rows if r.get("slo")), None)
 
     @property
+    def unit(self) -> str:
+        """What a trial's rate, ceiling and cap count: req/s, or the users (or requests
+        in flight) of a search --by users (or concurrency)."""
+        spec = self.attrs.get("load_unit")
+        if isinstance(spec, Mapping) and spec.get("by") in ("users", "concurrency"):
+            return "users" if spec.get("by") == "users" else "in flight"
+        return "req/s"
+
+    @property
     def feasible(self) -> list[dict[str, Any]]:
         return [r for r in self.rows if r.get("feasible")]
 

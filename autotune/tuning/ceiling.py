@@ -479,25 +479,15 @@ def closed_plan(plan: LoadPlan, unit: LoadUnit, proof: CeilingResult | None) -> 
 
 def load_figures(p: Probe) -> dict[str, float | None]:
     """A probe's load in every unit, over its judged requests: the rate they were sent
-    at (by the users, or the arrival process), the requests in flight on average over
-    the window and their P99 end-to-end latency."""
+    at (by the users, or the arrival process), the requests in flight on average while
+    they were sent and their P99 end-to-end latency."""
     s = p.summary
     rate = (s.scheduled_rate if s is not None and s.scheduled_rate > 0
             else p.request_throughput)
     e2e = None if s is None else s.e2e
     return {"request_rate": _num(rate),
-            "in_flight_mean": None if s is None else in_flight_mean(s),
+            "in_flight_mean": None if s is None else _num(s.in_flight_mean),
             "e2e_p99_s": None if e2e is None else _num(e2e.p99)}
-
-
-def in_flight_mean(s: Summary) -> float | None:
-    """The judged requests in flight on average over the window, first send to last
-    reply: their summed end-to-end time over its length.  Exact, where Little's law
-    (send rate times mean latency) is not over a short window: its send rate spans
-    the sends only, so with 2 users it read 2.18 in flight (CI of 2026-12-07)."""
-    if s.duration_s <= 0 or s.e2e.count == 0:
-        return None
-    return _num(s.e2e.mean * s.e2e.count / s.duration_s)
 
 
 def other_units(p: Probe) -> str:

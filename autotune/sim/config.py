@@ -41,7 +41,9 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None
-    block_size: int = 16
+    # None = vLLM's default for the platform (``default_block_size``): 16 on GPUs, 128
+    # on vLLM-CPU.  Prefix caching reuses whole blocks, so a hit's size follows it.
+    block_size: int | None = None
     # vLLM's --api-server-count: front-end (API server) processes that share the HTTP
     # load; the simulator prices each one's work with the hardware profile's front-end
     # costs (autotune.sim.frontend).
@@ -159,6 +161,14 @@ def batch_defaults(hardware: HardwareProfile, tp: int) -> tuple[int, int]:
     return 2048, 256
 
 
+def default_block_size(hardware: HardwareProfile) -> int:
+    """vLLM's KV block size when ``--block-size`` is not given: 16 tokens on CUDA
+    (``CacheConfig``), 128 on vLLM-CPU (``CpuPlatform.check_and_update_config`` sets it
+    for every model but MLA and DeepSeek-V4 ones, which the simulator does not model;
+    the served value is in ``vllm:cache_config_info`` on /metrics)."""
+    return 128 if hardware.platform == "cpu" else 16
+
+
 def activation_bytes(model: ModelProfile, max_num_batched_tokens: int, max_num_seqs: int,
                      tp: int) -> float:
     """Peak activation memory of vLLM's profiling run (a dummy batch of mnbt tokens).
@@ -177,8 +187,9 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
     _check_flags(config, hardware, model)
     max_model_len = _max_model_len(config, model)
     mnbt, mns = _batch_limits(config, hardware, tp, max_model_len)
+    block_size = config.block_size or default_block_size(hardware)
     weights, activation, kv_bytes, num_blocks = _memory(config, hardware, model, mnbt, mns,
-                                                        max_model_len)
+                                                        max_model_len, block_size)
     return EngineSetup(
         config=config,
         hardware=hardware,
@@ -189,7 +200,7 @@ def resolve(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
         enable_chunked_prefill=config.enable_chunked_prefill,
         enable_prefix_caching=config.enable_prefix_caching,
         max_model_len=max_model_len,
-        block_size=config.block_size,
+        block_size=block_size,
         api_server_count=config.api_server_count,
         num_gpu_blocks=num_blocks,
         weights_gib_per_gpu=weights / GIB,
@@ -220,7 +231,7 @@ def _check_flags(config: EngineConfig, hardware: HardwareProfile, model: ModelPr
         )
     if config.api_server_count < 1:
         raise ConfigRefused(f"api_server_count must be >= 1, got {config.api_server_count}")
-    if config.block_size not in (1, 8, 16, 32, 64, 128):
+    if config.block_size is not None and config.block_size not in (1, 8, 16, 32, 64, 128):
         raise ConfigRefused(f"block_size must be one of 1, 8, 16, 32, 64, 128; got "
                             f"{config.block_size}")
 
@@ -269,7 +280,8 @@ def _batch_limits(config: EngineConfig, hardware: HardwareProfile, tp: int,
 
 
 def _memory(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile,
-            mnbt: int, mns: int, max_model_len: int) -> tuple[float, float, float, int]:
+            mnbt: int, mns: int, max_model_len: int, block_size: int
+            ) -> tuple[float, float, float, int]:
     """Per GPU, (weight, activation and KV-cache bytes, KV blocks), as vLLM's memory
     profiling splits the budget; or its out-of-memory refusal (weights that do not
     fit, no room for the cache, or too little for one request of max_model_len)."""
@@ -292,12 +304,12 @@ def _memory(config: EngineConfig, hardware: HardwareProfile, model: ModelProfile
             "No available memory for the cache blocks. Try increasing "
             "`gpu_memory_utilization` when initializing the engine."
         )
-    per_block = model.kv_bytes_per_token / tp * config.block_size
+    per_block = model.kv_bytes_per_token / tp * block_size
     num_blocks = int(kv_bytes // per_block)
-    need_blocks = math.ceil(max_model_len / config.block_size)
+    need_blocks = math.ceil(max_model_len / block_size)
     if num_blocks < need_blocks:
         needed = need_blocks * per_block
-        estimated = num_blocks * config.block_size
+        estimated = num_blocks * block_size
         raise ConfigRefused(
             f"To serve at least one request with the models's max seq len ({max_model_len}), "
             f"({needed / GIB:.2f} GiB KV cache is needed, which is larger than the available "

@@ -570,7 +570,8 @@ def parser() -> argparse.ArgumentParser:
                    default=True)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
-    p.add_argument("--block-size", type=int, default=16)
+    # None: the platform's default, as vLLM (16 on GPUs, 128 on vLLM-CPU).
+    p.add_argument("--block-size", type=int, default=None)
     p.add_argument("--api-server-count", type=int, default=1,
                    help="API-server processes: they share the modelled front end's work")
     p.add_argument("--host", default="127.0.0.1")

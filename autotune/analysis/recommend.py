@@ -135,7 +135,21 @@ class Recommendation:
 
     def level(self, x: float | None) -> str:
         """A rate or a number of users, with its unit: "2.59 req/s", "42 users"."""
-        return f"{_num(x, '.2f' if self.unit == 'req/s' else ',.0f')} {self.unit}"
+        return f"{self.level_value(x)} {self.unit}"
+
+    def level_value(self, x: float | None) -> str:
+        """The number alone: a rate to 0.01, users whole."""
+        return _num(x, '.2f' if self.unit == 'req/s' else ',.0f')
+
+    @property
+    def cap_word(self) -> str:
+        """What the gateway caps: a request rate, or the load of users in flight."""
+        return "rate" if self.unit == "req/s" else "load"
+
+    @property
+    def measure(self) -> str:
+        """What the recommendation is compared with the baseline by."""
+        return "goodput" if self.unit == "req/s" else f"ceiling ({self.unit})"
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False, default=str) + "\n"
@@ -439,7 +453,7 @@ def _md_best(rec: Recommendation) -> list[str]:
         b.command,
         "```",
         "",
-        f"{'Rate' if rec.unit == 'req/s' else 'Load'} cap at the gateway: "
+        f"{rec.cap_word.capitalize()} cap at the gateway: "
         f"**{rec.level(rec.rate_cap)}** ({rec.headroom:.0%} under "
         f"{rec.level(b.max_feasible_rate)}, the highest level at which this config met the "
         "SLO).",
@@ -452,7 +466,7 @@ def _md_best(rec: Recommendation) -> list[str]:
     ]
     for p in [b, *rec.next_best]:
         lines.append(
-            f"| {p.trial} | {flags_line(p.flags)} | {rec.level(p.rate).split()[0]} | "
+            f"| {p.trial} | {flags_line(p.flags)} | {rec.level_value(p.rate)} | "
             f"{_num(p.goodput_tokens)} | {_num(p.goodput_requests, '.2f')} | "
             f"{_num(p.p99_e2e_s, '.2f')} | {_num(p.attainment, '.1%')} |")
     lines += ["", "The first row is the recommendation; the others are the next best "
@@ -483,8 +497,7 @@ def _md_baseline(rec: Recommendation) -> list[str]:
         f"{'met the SLO' if base.feasible else 'did not meet the SLO'}.")
     ratio = rec.vs_baseline.get("objective_ratio")
     if ratio is not None:
-        what = "goodput" if rec.unit == "req/s" else f"ceiling ({rec.unit})"
-        lines.append(f"The recommendation gives {ratio:.2f}x the baseline's {what}"
+        lines.append(f"The recommendation gives {ratio:.2f}x the baseline's {rec.measure}"
                      + (f" ({rec.vs_baseline['gpus']} GPUs vs "
                         f"{rec.vs_baseline['baseline_gpus']})"
                         if "gpus" in rec.vs_baseline else "") + ".")

@@ -24,6 +24,7 @@ from autotune.core.flags import CLIENT_PARAMS, config_key
 from autotune.core.terminal import mask_url
 from autotune.study.experiments import CONFIG_COLUMNS
 from autotune.study.storage import StorageError, open_storage
+from autotune.tuning.load_unit import LoadUnit
 from autotune.tuning.record import StoredTrial, as_mapping, as_number, goodput_of
 
 # Flags people recognise by short names in labels and legends.
@@ -67,9 +68,7 @@ class StudyData:
         """What a trial's rate, ceiling and cap count: req/s, or the users (or requests
         in flight) of a search --by users (or concurrency)."""
         spec = self.attrs.get("load_unit")
-        if isinstance(spec, Mapping) and spec.get("by") in ("users", "concurrency"):
-            return "users" if spec.get("by") == "users" else "in flight"
-        return "req/s"
+        return LoadUnit.from_spec(spec if isinstance(spec, Mapping) else None).label
 
     @property
     def feasible(self) -> list[dict[str, Any]]:

@@ -784,8 +784,9 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, o: SearchOptions,
                            "judged)",
                            soft_wrap=True, highlight=False))
     rec.validation = val.to_dict()
+    closed = o.unit.closed
     rec.rate_cap = None if val.rate is None else (
-        round(val.rate, 2) if o.unit.closed is None else float(math.floor(val.rate)))
+        round(val.rate, 2) if closed is None else float(closed.users(val.rate)))
     rec.notes.append(val.sentence())
 
 
@@ -810,8 +811,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     if base is not None and rec.vs_baseline.get("same_config"):
         out.print(f"  vs vLLM defaults: {rec.vs_baseline['note']}", soft_wrap=True)
     elif base is not None:
-        what = "goodput" if rec.unit == "req/s" else f"ceiling ({rec.unit})"
-        verdict = (f"{ratio:.2f}x its {what}" if ratio is not None
+        verdict = (f"{ratio:.2f}x its {rec.measure}" if ratio is not None
                    else rec.vs_baseline.get("note", ""))
         out.print(f"  vs vLLM defaults (trial {base.number}, {flags_line(base.flags)} at "
                   f"{rec.level(base.rate)}): {verdict}", soft_wrap=True)
@@ -834,7 +834,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
         out.print(f"  [bold red]no cap:[/] no validation run passed at or below "
                   f"{rec.level(b.max_feasible_rate)}", soft_wrap=True)
     else:
-        out.print(f"  {'rate' if rec.unit == 'req/s' else 'load'} cap at the gateway: "
+        out.print(f"  {rec.cap_word} cap at the gateway: "
                   f"[bold]{rec.level(rec.rate_cap)}[/] ({rec.headroom:.0%} under "
                   f"{rec.level(b.max_feasible_rate)}, {why}"
                   + (", then validated" if rec.validation and rec.validation.get("passed")

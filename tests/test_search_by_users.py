@@ -86,6 +86,21 @@ def test_a_search_by_concurrency_ranks_configs_by_the_requests_they_keep_in_flig
                            "--think-time", "5s", "--study-name", "conc", "--validate", "off")
     assert code != 0 and "load_unit" in err and len(err.strip().splitlines()) == 1
 
+    # `ceiling --study S --trial N` measures the trial as its search did: in flight,
+    # from the level its search started at, without --by given again.
+    trial = next(t for t in study.trials if t.user_attrs.get("feasible"))
+    first = trial.user_attrs["result"]["ceiling"]["probes"][0]
+    out_file = tmp_path / "again.json"
+    res = runner.invoke(app, ["ceiling", "--study", "conc", "--trial", str(trial.number),
+                              "--storage", storage, "--dataset", "synthetic",
+                              "--max-probes", "2", "--validate", "off",
+                              "--output", str(out_file)])
+    assert res.exit_code in (0, 1), res.stderr
+    again = json.loads(out_file.read_text())
+    assert again["unit"] == "in flight"
+    assert [p["phase"] for p in again["probes"]][:1] == [first["phase"]]
+    assert again["probes"][0]["rate"] == first["rate"]
+
 
 def test_a_stored_unit_reads_back_the_same_and_an_old_study_searched_req_s() -> None:
     users = LoadUnit.of("users", 20.0, "fixed")

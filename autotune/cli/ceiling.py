@@ -57,6 +57,7 @@ from autotune.cli._parse import (
 from autotune.search.ceiling_run import CeilingOptions, run_ceiling
 from autotune.study.space import flag_type_error
 from autotune.tuning.ceiling import search_looks
+from autotune.tuning.load_unit import LoadUnit
 from autotune.tuning.options import DEFAULT_CONTEXT, RateSearch, WorkloadOptions
 from autotune.tuning.record import StoredTrial
 from autotune.tuning.verdict import SteadyState
@@ -168,11 +169,13 @@ def ceiling(  # one line per option, each defined above or in cli._options
                   "enable_chunked_prefill": enable_chunked_prefill,
                   "max_model_len": max_model_len}
         n = take("num_prompts", num_prompts)
-        # A study's rates (its replayed start, its space's bounds) are req/s: a search
-        # by users takes none of them.
-        by_rate = by is By.rate
+        unit = take.unit(by.value, think_time, think.value)
+        # A trial's replayed start is in its study's unit, and the space's rate bounds in
+        # req/s: a search in another unit takes neither.
+        same = unit.spec() == LoadUnit.from_spec(settings.get("load_unit")).spec()
+        by_rate = unit.by == "rate"
         start, must_pass = (replay_start(trial_) if trial_ is not None and start_rate is None
-                            and by_rate else (start_rate, False))
+                            and same else (start_rate, False))
         rates = RateSearch(tol=take("tol", tol), max_probes=take("max_probes", max_probes),
                            headroom=take("headroom", headroom))
         kind = backend_kind(None if backend is None else backend.value, url=url, model=model)
@@ -199,10 +202,10 @@ def ceiling(  # one line per option, each defined above or in cli._options
                            take("max_duration", max_duration), n,
                            take("backlog_share", backlog_share), rates.max_probes),
             rates=rates, start_rate=start, first_must_pass=must_pass,
-            unit=load_unit(by.value, think_time, think.value),
+            unit=unit,
             max_num_prompts=max_num_prompts, repeats=repeats, confidence=confidence,
-            min_rate=take("min_rate", min_rate) if by_rate else min_rate,
-            max_rate=take("max_rate", max_rate) if by_rate else max_rate,
+            min_rate=take("min_rate", min_rate) if by_rate and same else min_rate,
+            max_rate=take("max_rate", max_rate) if by_rate and same else max_rate,
             prune=not no_prune, validate_s=parse_validate(validate), output=output,
             csv_path=csv_path, studies_dir=studies_dir)
         code = run_ceiling(options)
@@ -221,7 +224,7 @@ class Inherited:
         self.settings = dict(settings)
         # Given on the command line or in the environment: anything but a default.
         # (By name: typer ships its own copy of click's ParameterSource.)
-        self.explicit = {k for k in (*INHERITED, "slo") if k in ctx.params and getattr(
+        self.explicit = {k for k in ctx.params if getattr(
             ctx.get_parameter_source(k), "name", "DEFAULT") != "DEFAULT"}
 
     def __call__(self, option: str, value: Any) -> Any:
@@ -229,6 +232,14 @@ class Inherited:
         if option in self.explicit or self.settings.get(key) is None:
             return value
         return self.settings[key]
+
+    def unit(self, by: str, think_time: str | None, think: str) -> LoadUnit:
+        """The study's load unit (a search --by users measures users) unless --by,
+        --think-time or --think was given."""
+        stored = self.settings.get("load_unit")
+        if stored and not {"by", "think_time", "think"} & self.explicit:
+            return LoadUnit.from_spec(stored)
+        return load_unit(by, think_time, think)
 
     def slo(self, slo_p99: str | None, slo: str | None) -> Any:
         """The study's SLO only when neither --slo-p99 nor --slo was given."""
@@ -271,7 +282,8 @@ def _stored_trial(study: str | None, trial: int | None, storage: str | None,
         raise UsageError(f"study {study!r} has no trial {trial} "
                          f"(it has {len(st.trials)} trials)")
     # Empty for a study made before its search stored them.
-    return StoredTrial.of(found[0]), dict(st.user_attrs.get(SETTINGS_ATTR) or {})
+    return StoredTrial.of(found[0]), {**dict(st.user_attrs.get(SETTINGS_ATTR) or {}),
+                                      "load_unit": st.user_attrs.get("load_unit")}
 
 
 def config_flags(trial: StoredTrial | None, config: Mapping[str, Any],

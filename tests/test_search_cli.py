@@ -480,6 +480,7 @@ def test_a_server_that_crashes_in_every_trial_fails_each_trial_and_the_study_goe
                             "--backend", "vllm", "--model", "llama-3-8b", "--vllm-cmd", cmd,
                             "--num-prompts", "30", "--warmup", "5", "--n-trials", "2",
                             "--max-model-len", "512", "--validate", "off",
+                            "--dataset", str(short_replies(tmp_path)),
                             "--sampler", "grid", "--study-name", "crash")
     assert "Traceback" not in err + out
     study = optuna.load_study(study_name="crash",

@@ -46,7 +46,7 @@ def test_a_search_by_concurrency_ranks_configs_by_the_requests_they_keep_in_flig
         tmp_path: Path) -> None:
     code, out, err = _search(tmp_path, "--slo-p99", "8s", "--by", "concurrency",
                              "--n-trials", "2", "--prove-top", "1", "--validate", "1m",
-                             "--study-name", "conc")
+                             "--tier", "batch=60s", "--study-name", "conc")
     assert code == 0, err + out[-2000:]
     folder = tmp_path / "studies" / "conc"
     rec = json.loads((folder / "recommendation.json").read_text())
@@ -68,6 +68,14 @@ def test_a_search_by_concurrency_ranks_configs_by_the_requests_they_keep_in_flig
     report = (folder / "report.md").read_text()
     assert "| level (in flight) |" in report and "ceiling (in flight)" in report
     assert "rate (req/s)" not in report
+    # A tier re-judged from the proof's tests counts in flight too, its cap whole.
+    (tier,) = rec["tiers"]
+    assert tier["unit"] == "in flight" and tier["trial"] is not None
+    assert tier["cap"] == int(tier["cap"]) <= tier["rate"]
+    assert f"tier batch (p99:e2e<=60s): trial {tier['trial']} at {tier['rate']:.0f} in flight" \
+        in out
+    assert "| passed at (in flight) | cap (in flight) |" in (
+        folder / "recommendation.md").read_text()
 
     storage = f"sqlite:///{tmp_path / 'studies' / 'conc.db'}"
     study = optuna.load_study(study_name="conc", storage=storage)
@@ -113,8 +121,7 @@ def test_a_stored_unit_reads_back_the_same_and_an_old_study_searched_req_s() -> 
     (["--by", "users"], "--by users needs a think time"),
     (["--by", "concurrency", "--objective", "tokens"], "drop --objective"),
     (["--objective", "level"], "add --by"),
-    (["--by", "concurrency", "--tier", "batch=60s"], "--tier predicts or re-judges in req/s"),
-    (["--by", "users", "--think-time", "20s", "--twin"], "--twin predicts or re-judges"),
+    (["--by", "users", "--think-time", "20s", "--twin"], "--twin predicts in req/s"),
 ])
 def test_what_a_search_by_users_cannot_take_is_one_line(tmp_path: Path, args: list[str],
                                                         needle: str) -> None:

@@ -22,6 +22,7 @@ from autotune.analysis.tiers import (
 from autotune.cli import app
 from autotune.core.metrics import summarize
 from autotune.core.records import RequestRecord
+from autotune.tuning.load_unit import RATE
 
 
 def _probe(rate: float, e2e_s: float, ttft_s: float, n: int = 400) -> SimpleNamespace:
@@ -81,7 +82,7 @@ def test_a_tier_proved_by_its_own_ceiling_search_takes_the_best_passing_config()
             probe.checks, probe.num_measured = [], probe.summary.num_measured
         return SimpleNamespace(trial=trial, config={"max_num_seqs": trial}, result=SimpleNamespace(
             feasible_max=rate, recommended_cap=None if rate is None else 0.9 * rate,
-            feasible_probe=lambda: probe, sentence=lambda: f"sustains {rate}"))
+            feasible_probe=lambda: probe, sentence=lambda: f"sustains {rate}", unit=RATE))
 
     answer = proven_tier(tier, [proof(1, 5.0), proof(2, 9.0), proof(3, None)], study="s")
     assert answer.proved and (answer.trial, answer.rate) == (2, 9.0)
@@ -133,6 +134,12 @@ def test_each_tier_gets_its_own_replicas_on_the_next_gpus_and_ports() -> None:
                    gpu_hour_cost=None, model=None, base_port=9000)
     with pytest.raises(TierError, match="no config met tier tight"):
         tier_plans(stored, {"tight": 1}, total=None, headroom=0.1, gpu_hour_cost=None,
+                   model=None, base_port=9000)
+    # A study searched by users: a replica's users are no share of a request rate.
+    users = [{**_stored("chat", 2, 1, 180.0), "unit": "users"}]
+    with pytest.raises(TierError, match="tiers count users, and replicas are planned by "
+                                        "request rate"):
+        tier_plans(users, {"chat": 2}, total=None, headroom=0.1, gpu_hour_cost=None,
                    model=None, base_port=9000)
     with pytest.raises(TierError, match="the study has no tier 'nope'; its tiers: "
                                         "interactive, batch, tight"):

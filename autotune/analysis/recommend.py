@@ -573,8 +573,8 @@ def _md_tiers(rec: Recommendation) -> list[str]:
              "second within the tier, at the highest rate it passed, a lower bound of its "
              "ceiling there; the command proves it. Proved: no test of the proof met the "
              "tier, so the ceiling search ran under the tier's own SLO.", "",
-             "| tier | SLO | how | trial | config | passed at (req/s) | cap (req/s) | within "
-             "the tier (req/s) | command |",
+             f"| tier | SLO | how | trial | config | passed at ({rec.unit}) | cap "
+             f"({rec.unit}) | within the tier (req/s) | command |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in rec.tiers:
         how = "proved" if t.get("proved") else "re-judged"
@@ -584,8 +584,8 @@ def _md_tiers(rec: Recommendation) -> list[str]:
             continue
         lines.append(
             f"| {t['tier']} | `{t['slo']}` | {how} | {t['trial']} | "
-            f"{flags_line(t['flags']) or 'defaults'} | {_num(t.get('rate'), '.2f')} | "
-            f"{_num(t.get('cap'), '.2f')} | {_num(t.get('goodput_requests'), '.2f')} | "
+            f"{flags_line(t['flags']) or 'defaults'} | {rec.level_value(t.get('rate'))} | "
+            f"{rec.level_value(t.get('cap'))} | {_num(t.get('goodput_requests'), '.2f')} | "
             f"`{t.get('command')}` |")
     return lines
 

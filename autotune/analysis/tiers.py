@@ -28,6 +28,7 @@ import numpy as np
 from autotune.analysis.deploy import Plan, ReplicaResult, plan_deployment
 from autotune.core.errors import AutotuneError
 from autotune.core.slo import SLO, parse_slo
+from autotune.tuning.load_unit import RATE, LoadUnit
 from autotune.tuning.verdict import check_limits, verdict_of
 
 # Where a search keeps its tiers' answers in the study, for ``recommend --tier-gpus``.
@@ -76,8 +77,9 @@ class TierAnswer:
     slo: str
     trial: int | None = None
     flags: dict[str, Any] = field(default_factory=dict)
-    rate: float | None = None  # req/s of the probe it passed at
+    rate: float | None = None  # the level (req/s, or users) of the probe it passed at
     cap: float | None = None
+    unit: str = "req/s"  # what ``rate`` and ``cap`` count
     good_share: float | None = None  # requests within every tier limit
     goodput_requests: float | None = None  # req/s within the tier's limits
     goodput_tokens: float | None = None  # output tok/s of those requests (their share)
@@ -109,10 +111,12 @@ def _good_share(summary: Any, slo: SLO) -> float | None:
 
 
 def answer_tiers(tiers: Sequence[Tier], ceilings: Sequence[Any], *, study: str,
-                 headroom: float, confidence: float = 0.95) -> list[TierAnswer]:
+                 headroom: float, confidence: float = 0.95,
+                 unit: LoadUnit = RATE) -> list[TierAnswer]:
     """Each tier's best proven config: among every probe of the proof's ceiling
     searches (``RefinedCeiling``: ``trial``, ``config``, ``result.probes``), the
-    passing one with the most requests per second within the tier's limits."""
+    passing one with the most requests per second within the tier's limits.  ``unit``:
+    what the probes' levels count (a search --by users: whole users, capped whole)."""
     answers = []
     for tier in tiers:
         best: tuple[float, TierAnswer] | None = None
@@ -129,19 +133,19 @@ def answer_tiers(tiers: Sequence[Tier], ceilings: Sequence[Any], *, study: str,
                 if best is None or value > best[0]:
                     best = (value, TierAnswer(
                         tier=tier.name, slo=str(tier.slo), trial=c.trial,
-                        flags=dict(c.config), rate=p.rate,
-                        cap=p.rate * (1.0 - headroom), good_share=share,
+                        flags=dict(c.config), rate=p.rate, unit=unit.label,
+                        cap=unit.cap(p.rate, headroom), good_share=share,
                         goodput_requests=value,
                         goodput_tokens=p.summary.output_throughput * share,
                         checks=[ch.to_dict() for ch in checks],
                         requests=p.summary.num_measured))
         answers.append(_finish(tier, best[1] if best else None, study, confidence,
-                               len(ceilings)))
+                               len(ceilings), unit))
     return answers
 
 
 def _finish(tier: Tier, answer: TierAnswer | None, study: str, confidence: float,
-            configs: int) -> TierAnswer:
+            configs: int, unit: LoadUnit) -> TierAnswer:
     if answer is None:
         return TierAnswer(tier=tier.name, slo=str(tier.slo), sentence=(
             f"{tier.name} ({tier.slo}): not shown by the tests of the {configs} proven "
@@ -152,8 +156,9 @@ def _finish(tier: Tier, answer: TierAnswer | None, study: str, confidence: float
     limits = ", ".join(f"{c['label']} {c['observed_s']:.3g} s (bound {c['bound_s']:.3g} s)"
                        for c in answer.checks)
     answer.sentence = (
-        f"{tier.name} ({tier.slo}): trial {answer.trial} at {answer.rate:.3g} req/s, cap "
-        f"{answer.cap:.3g} req/s: {limits} over {answer.requests} requests, each limit's "
+        f"{tier.name} ({tier.slo}): trial {answer.trial} at {unit.fmt(answer.rate or 0.0)}, "
+        f"cap {unit.fmt(answer.cap or 0.0)}: {limits} over {answer.requests} requests, each "
+        "limit's "
         f"{confidence:.0%} upper bound within it; re-judged from the proof's load tests "
         "(not corrected for the tests looked at), a lower bound of its ceiling; prove it "
         f"with `{answer.command}`")
@@ -175,6 +180,7 @@ def proven_tier(tier: Tier, proofs: Sequence[Any], *, study: str) -> TierAnswer:
             best = (value, TierAnswer(
                 tier=tier.name, slo=str(tier.slo), trial=c.trial, flags=dict(c.config),
                 rate=result.feasible_max, cap=result.recommended_cap, good_share=share,
+                unit=result.unit.label,
                 goodput_requests=value,
                 goodput_tokens=probe.summary.output_throughput * share,
                 checks=[ch.to_dict() for ch in probe.checks],
@@ -215,6 +221,12 @@ def tier_replicas(stored: Sequence[dict[str, Any]], gpus: dict[str, int]
         if t.get("trial") is None or not t.get("rate"):
             raise TierError(f"--tier-gpus {name}: no config met tier {name} ({t.get('slo')}) "
                             "in the study: there is nothing to deploy for it")
+        if t.get("unit", "req/s") != "req/s":
+            # A replica's share of the demand is a request rate; users per replica would
+            # need the demand in users, which --rate does not give.
+            raise TierError(f"--tier-gpus {name}: the study's tiers count {t['unit']}, and "
+                            "replicas are planned by request rate: search --by rate for a "
+                            "tier plan")
         flags = dict(t.get("flags") or {})
         out[name] = ReplicaResult(
             tensor_parallel_size=int(flags.get("tensor_parallel_size", 1)),

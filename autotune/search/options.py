@@ -122,8 +122,8 @@ class SearchOptions:
                                "vllm")
 
     def _check_unit(self) -> None:
-        """A search by users ranks by users, and what predicts or re-judges in req/s
-        (the pre-screen, the twin, the tiers) does not take it yet."""
+        """A search by users ranks by users, and what predicts in req/s (the
+        pre-screen, the twin) does not take it yet."""
         unit = self.unit
         if unit.by == "speed":
             raise OptionsError("search --by speed: a trace's speed is one config's question: "
@@ -137,9 +137,9 @@ class SearchOptions:
             raise OptionsError(f"a search --by {unit.by} ranks configs by the {unit.label} "
                                "they sustain: drop --objective")
         for given, flag in ((self.prescreened, "--prescreen sim"),
-                            (self.twin is not None, "--twin"), (bool(self.tiers), "--tier")):
+                            (self.twin is not None, "--twin")):
             if given:
-                raise OptionsError(f"{flag} predicts or re-judges in req/s, not yet in "
+                raise OptionsError(f"{flag} predicts in req/s, not yet in "
                                    f"{unit.label}: drop it, or search --by rate")
 
     @property

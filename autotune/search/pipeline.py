@@ -516,7 +516,8 @@ def _tiers(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend
            server0: float) -> list[TierAnswer]:
     """Each tier's answer: re-judged from the proof's tests where they allow, else the
     ceiling search under the tier's own SLO on the configs the proof ran."""
-    answers = answer_tiers(o.tiers, ceilings, study=settings.name, headroom=o.rates.headroom)
+    answers = answer_tiers(o.tiers, ceilings, study=settings.name, headroom=o.rates.headroom,
+                           unit=o.unit)
     for i, (tier, answer) in enumerate(zip(o.tiers, answers, strict=True)):
         if answer.trial is None and o.prove_top:
             out.print(f"proving tier {tier.name} ({tier.slo}): no test of the proof met it; "
@@ -526,7 +527,8 @@ def _tiers(o: SearchOptions, settings: StudySettings, run: Any, backend: Backend
                 run.rows, backend, replace(load_plan, slo=tier.slo), top_k=o.prove_top,
                 headroom=o.rates.headroom, tol=o.rates.tol, max_probes=o.rates.max_probes,
                 deadline_s=None if settings.budget_s is None else server0 + settings.budget_s,
-                on_probe=functools.partial(_tier_probe, view, f"tier {tier.name}, trial"))
+                on_probe=functools.partial(_tier_probe, view, f"tier {tier.name}, trial"),
+                unit=o.unit)
             answers[i] = proven_tier(tier, proofs, study=settings.name)
         out.print(f"tier {answers[i].sentence}", soft_wrap=True, highlight=False)
     # Kept in the study for `autotune recommend --tier-gpus`.

@@ -92,15 +92,14 @@ class LoadUnit:
 
     @property
     def noun(self) -> str:
-        """What one level is called in a sentence: "rate", "number of users", "speed"."""
-        return {"rate": "rate", "speed": "speed"}.get(self.by, f"number of {self.label}")
+        """What one level is called in a sentence: "rate", "concurrency", "number of
+        users", "speed"."""
+        return {"users": f"number of {self.label}"}.get(self.by, self.by)
 
     @property
     def none(self) -> str:
-        """No level at all, in a sentence: "no rate", "no concurrency", "no number of
-        users"."""
-        return {"concurrency": "no concurrency", "users": "no number of users",
-                "speed": "no speed"}.get(self.by, "no rate")
+        """No level at all, in a sentence: "no rate", "no concurrency"."""
+        return f"no {self.noun}"
 
     def fmt(self, level: float) -> str:
         """A level with its unit: "12.3 req/s", "64 in flight", "180 users"."""

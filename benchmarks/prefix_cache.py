@@ -20,9 +20,15 @@ thread, ``OMP_NUM_THREADS=1``).  The simulator is ``cpu-tiny`` with the same mod
    same name), TTFT and throughput; then caching on over off, real against simulated.
 2. **Ceilings**: ``autotune ceiling --by concurrency`` (closed loop: requests kept in
    flight) under ``p75:ttft<=200ms`` attached to each real server, and ``--backend sim``
-   for the same case, caching on and off.  The four searches share one pool build (a
-   10,000-request pool takes a minute or two to tokenise here): each is the CLI run
-   in-process, its argv recorded.
+   for the same case, caching on and off, on their own traffic (``CEILING_WORKLOAD``):
+   synthetic prompts of about 256 tokens behind one shared 768-token system prompt
+   (``--prefix-share 0.75``) and 32-token replies, so that prefill decides the TTFT.
+   On the multi-turn traffic above (replies of 430 tokens on average) a closed loop's
+   steady TTFT stayed near its floor up to 48 in flight with caching off and on (decode
+   steps, not prefills, grow with the load), and every level those searches failed,
+   they failed on the first second's requests (2026-12-07, docs/real-vllm.md).  The
+   four searches share one pool build (a 10,000-request pool takes about 20 s to build
+   here): each is the CLI run in-process, its argv recorded.
 
 The KV block size the real server used is read from its ``vllm:cache_config_info``
 (vLLM-CPU serves 128-token blocks) and set beside the simulator's resolved one.
@@ -65,7 +71,11 @@ from benchmarks.sim_fidelity import (  # noqa: E402
 )
 
 SLO = "p75:ttft<=200ms"
-PREFIX_SHARE = 0.5
+PREFIX_SHARE = 0.5  # the same requests' (multi-turn) system prompt share
+# The ceilings' traffic: prefill-bound, so that caching moves the TTFT a closed loop
+# sees (a 768-token shared system prompt before ~256 tokens of each request's own).
+CEILING_WORKLOAD = ("--dataset", "synthetic", "--input-len", "256", "--output-len", "32",
+                    "--prefix-share", "0.75")
 MAX_MODEL_LEN = 2048
 # The environment the shipped cpu-tiny profile was fitted under (sim_fidelity's full run):
 # one engine thread, the other core left to the API server and the load generator.
@@ -90,7 +100,7 @@ class Plan:
     seed: int
 
 
-FULL = Plan(warmup=32, max_probes=8, min_duration=None, max_duration=None, pool_cap=None,
+FULL = Plan(warmup=100, max_probes=8, min_duration=None, max_duration=None, pool_cap=None,
             real_ceilings=True, servers=(False, True), same_requests=240, same_users=16,
             server_warmup=16, seed=1)
 SMOKE = Plan(warmup=4, max_probes=2, min_duration="2s", max_duration="3s", pool_cap=40,
@@ -214,10 +224,9 @@ def ceiling_argv(model_dir: str, plan: Plan, caching: bool, url: str | None) -> 
     where = (["--url", url] if url else
              ["--backend", "sim", "--profile", SIM_HARDWARE, "--model-profile", model_dir,
               "--param", f"enable_prefix_caching={str(caching).lower()}"])
-    argv = ["ceiling", *where, "--by", "concurrency", "--multi-turn", "--prefix-share",
-            str(PREFIX_SHARE), "--max-model-len", str(MAX_MODEL_LEN), "--warmup",
-            str(plan.warmup), "--slo", SLO, "--tokenizer", model_dir, "--max-probes",
-            str(plan.max_probes), "--validate", "off"]
+    argv = ["ceiling", *where, "--by", "concurrency", *CEILING_WORKLOAD, "--max-model-len",
+            str(MAX_MODEL_LEN), "--warmup", str(plan.warmup), "--slo", SLO, "--tokenizer",
+            model_dir, "--max-probes", str(plan.max_probes), "--validate", "off"]
     for flag, value in (("--min-duration", plan.min_duration),
                         ("--max-duration", plan.max_duration)):
         if value is not None:
@@ -313,6 +322,7 @@ def run(plan: Plan, py: str, model_dir: str, log_dir: Path) -> dict[str, Any]:
             log_dir / f"ceiling-sim-{caching}.json", pool)
     block = sim["True"]["same"]["block_size"]
     return {"skipped": False, "slo": SLO, "prefix_share": PREFIX_SHARE,
+            "ceiling_workload": list(CEILING_WORKLOAD),
             "max_model_len": MAX_MODEL_LEN, "server_env": SERVER_ENV,
             "extra_args": EXTRA_ARGS, "sim_hardware": SIM_HARDWARE,
             "same_workload": {"source": wl.source, "requests": len(wl.requests),
@@ -451,8 +461,10 @@ def markdown(data: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|", *_same_rows(data), ""]
     ceilings = _ceiling_rows(data)
     if ceilings:
+        source = next((c["workload"] for side in ("real", "sim")
+                       for run in data[side].values() if (c := run.get("ceiling"))), None)
         lines += [f"**Ceilings** (`autotune ceiling --by concurrency`, SLO {data['slo']}: "
-                  "the most requests kept in flight):", "",
+                  f"the most requests kept in flight; traffic: {source}):", "",
                   "| where | caching | ceiling (in flight) | failed at | req/s there | "
                   "probes | wall s | command |", "|---|---|---|---|---|---|---|---|",
                   *ceilings, ""]

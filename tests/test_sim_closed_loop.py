@@ -272,3 +272,26 @@ def test_each_users_first_request_is_warm_up_while_the_loop_ramps_up() -> None:
     # The warm-up is the first 40 sends: about one per user, as the users start spread
     # over one 5 s think time.
     assert all(r.warmup for r in records[:40]) and not any(r.warmup for r in records[40:])
+
+
+def test_a_multi_turn_loops_warm_up_holds_each_users_first_conversation_whole() -> None:
+    """A user takes a conversation's turns in order: one warm-up request per user left
+    most users' first turns judged in the start-up burst.  The warm-up now holds the
+    first conversation of every user, and on the simulator every user's first request
+    is warm-up."""
+    # Conversations of 3, 1 and 2 turns, cycled.
+    shape = [(c, t) for c, n in enumerate([3, 1, 2] * 100) for t in range(n)]
+    reqs = [replace(r, conversation=f"c{c}", turn=t)
+            for r, (c, t) in zip(lognormal(600), shape, strict=True)]
+    plan = LoadPlan(slo=parse_slo("p99:e2e<=10s"), requests=reqs, warmup=5, seed=1,
+                    closed=ClosedLoop(think_s=5.0))
+    # 12 users: the first 12 conversations are 4 rounds of (3, 1, 2) = 24 requests.
+    assert plan.warmup_at(12) == 24
+    single = replace(plan, requests=lognormal(600))
+    assert single.warmup_at(12) == 12
+    backend = SimBackend("a100-80gb", "llama-3-8b")
+    backend.prepare({"max_num_seqs": 64})
+    records = sorted(backend.load_test(12, plan, None).records, key=lambda r: r.sent_s)
+    assert sum(r.warmup for r in records) == 24
+    # Each of the 12 users' first sends is warm-up (the first 12 sends of the test).
+    assert all(r.warmup for r in records[:12])

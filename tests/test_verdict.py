@@ -136,6 +136,9 @@ def test_failures_beyond_the_percentile_allowance_fail() -> None:
     ev = judge(_at(recs, 90.0), slo=SLO, offered_rate=20.0, now=90.0, rule=RULE)
     assert ev.verdict == FAIL
     assert ev.failures > 0 and math.isinf(ev.limits[0].lower_s)
+    # A fail bounds its error at the safe share (half the allowance), not the allowance.
+    assert any("confidence that more than 0.5% exceed it, against 1.0% allowed" in r
+               for r in ev.reasons), ev.reasons
 
 
 def test_a_request_in_flight_past_the_limit_is_late_not_unknown() -> None:

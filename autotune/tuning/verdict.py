@@ -523,10 +523,14 @@ def _judge_limits(a: _Arrays, idx: np.ndarray, slo: SLO, now: float, rule: Stead
         ev = _limit_evidence(a, idx, limit, now, rule)
         limits.append(ev)
         if ev.fails:
+            # A fail's error bound is at the safe share (a config there fails at most
+            # 5% of the time), not at the allowance: 20% over a 25% allowance can fail.
+            test = limit_test(limit, rule)
             fails.append(f"{limit.label}: {ev.late} of {ev.n} over {_s(limit.threshold_s)} "
                          f"({ev.late / max(ev.n, 1):.2%}, clustering x{ev.dispersion:.2g}) "
                          f"show with {rule.fail_confidence:.0%} confidence that more than "
-                         f"{limit_test(limit, rule).allowance:.1%} exceed it")
+                         f"{test.theta0 * 100:.3g}% exceed it, against {test.allowance:.1%} "
+                         "allowed")
     return limits, fails
 
 

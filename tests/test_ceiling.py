@@ -437,29 +437,36 @@ class ExceedanceServer:
         self.rng = np.random.default_rng(seed)
 
     def __call__(self, rate: float, n: int, *, prior: tuple = ()) -> ProbeResult:
-        from autotune.tuning.verdict import SteadyState, judge
+        from autotune.tuning.verdict import SteadyState
 
         rule = SteadyState(min_duration_s=60.0, looks=8, prior=prior)
         span = rule.max_s(SLO10, rate)
         count = int(rate * span)
         sent = np.cumsum(self.rng.exponential(1.0 / rate, count))
         over = self.rng.random(count) < self.share(rate)  # type: ignore[operator]
-        lat = np.where(over, 12.0, 2.0)
-        recs = _records(sent, lat)
-        # Judged as the stop rule does, at every 10 s of arrivals: it stops at the first
-        # certain verdict.
-        ev = None
-        for now in np.arange(70.0, span + 10.0, 10.0):
-            seen = [r for r in recs if r.scheduled_s <= now]
-            ev = judge([_at(r, now) for r in seen], slo=SLO10, offered_rate=rate, now=now,
-                       rule=rule)
-            if ev.verdict != "inconclusive":
-                break
-        assert ev is not None
-        judged = [r for r in recs if r.scheduled_s <= ev.at_s]
-        s = summarize(judged, slo=SLO10, offered_rate=rate, source="synthetic (test)")
-        return ProbeResult(s, evidence=ev, server_s=ev.at_s,
-                           completion_rate=completion_rate(judged))
+        return _timed_test(sent, over, rate, rule, until=span + 10.0)
+
+
+def _timed_test(sent: np.ndarray, over: np.ndarray, rate: float, rule: object,
+                until: float) -> ProbeResult:
+    """Requests sent at ``sent``, 12 s where ``over`` and 2 s elsewhere, judged as the
+    stop rule does, at every 10 s of arrivals from 70 s to ``until``: it stops at the
+    first certain verdict."""
+    from autotune.tuning.verdict import judge
+
+    recs = _records(sent, np.where(over, 12.0, 2.0))
+    ev = None
+    for now in np.arange(70.0, until, 10.0):
+        seen = [r for r in recs if r.scheduled_s <= now]
+        ev = judge([_at(r, now) for r in seen], slo=SLO10, offered_rate=rate, now=now,
+                   rule=rule)  # type: ignore[arg-type]
+        if ev.verdict != "inconclusive":
+            break
+    assert ev is not None
+    judged = [r for r in recs if r.scheduled_s <= ev.at_s]
+    s = summarize(judged, slo=SLO10, offered_rate=rate, source="synthetic (test)")
+    return ProbeResult(s, evidence=ev, server_s=ev.at_s,
+                       completion_rate=completion_rate(judged))
 
 
 def _at(r: RequestRecord, now: float) -> RequestRecord:
@@ -565,7 +572,7 @@ class ClusteredServer:
 
     def __call__(self, rate: float, n: int, *, prior: tuple = (),
                  proof: object = None) -> ProbeResult:
-        from autotune.tuning.verdict import SteadyState, judge
+        from autotune.tuning.verdict import SteadyState
 
         cap_s = 120.0 if proof is None else float(proof.max_duration_s)  # type: ignore[attr-defined]
         rule = SteadyState(min_duration_s=60.0, max_duration_s=cap_s, looks=8, prior=prior,
@@ -578,19 +585,7 @@ class ClusteredServer:
         over = np.zeros(count, dtype=bool)
         for i in np.flatnonzero(self.rng.random(count) < share / self.burst):
             over[i:i + self.burst] = True
-        recs = _records(sent, np.where(over, 12.0, 2.0))
-        ev = None
-        for now in np.arange(70.0, sent[-1] + 20.0, 10.0):
-            seen = [r for r in recs if r.scheduled_s <= now]
-            ev = judge([_at(r, now) for r in seen], slo=SLO10, offered_rate=rate, now=now,
-                       rule=rule)
-            if ev.verdict != "inconclusive":
-                break
-        assert ev is not None
-        judged = [r for r in recs if r.scheduled_s <= ev.at_s]
-        s = summarize(judged, slo=SLO10, offered_rate=rate, source="synthetic (test)")
-        return ProbeResult(s, evidence=ev, server_s=ev.at_s,
-                           completion_rate=completion_rate(judged))
+        return _timed_test(sent, over, rate, rule, until=sent[-1] + 20.0)
 
 
 def test_a_first_test_undecided_far_under_half_the_allowance_climbs_instead_of_proving(

@@ -272,14 +272,9 @@ def run_autotune(url: str, model: str, dataset: Path, model_dir: str, slo: dict[
            "--validate", "off", "--output", str(out)]
     if plan.max_duration_s is not None:
         cmd += ["--max-duration", f"{plan.max_duration_s:g}s"]
-    t0 = time.perf_counter()
-    proc = subprocess.run([*pin(1), sys.executable, *cmd[1:]], capture_output=True, text=True,
-                          cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=args.tool_timeout_s)
-    wall = time.perf_counter() - t0
-    if not out.exists():
-        raise RuntimeError(f"autotune ceiling wrote no JSON (exit {proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+    proc, wall = _run_tool("autotune ceiling", [*pin(1), sys.executable, *cmd[1:]], out,
+                           tmp, args.tool_timeout_s,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     d = json.loads(out.read_text())
     probes = [_autotune_probe(p) for p in d["probes"]]
     return {"command": [*pin(1), *cmd], "returncode": proc.returncode, "wall_s": wall,
@@ -290,6 +285,19 @@ def run_autotune(url: str, model: str, dataset: Path, model_dir: str, slo: dict[
             "requests": sum(p["sent"] for p in probes), "server_s": d["server_s"],
             "at_answer": d.get("at_feasible_max"), "notes": d.get("notes", []),
             "levels": probes, "stdout_tail": proc.stdout[-3000:]}
+
+
+def _run_tool(name: str, argv: list[str], out: Path, cwd: Path, timeout_s: float,
+              env: dict[str, str] | None = None) -> tuple[Any, float]:
+    """Run one tool's search (``argv``) and time it; it must leave its JSON at ``out``."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=timeout_s)
+    wall = time.perf_counter() - t0
+    if not out.exists():
+        raise RuntimeError(f"{name} wrote no JSON (exit {proc.returncode}): "
+                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+    return proc, wall
 
 
 def _autotune_probe(p: dict[str, Any]) -> dict[str, Any]:
@@ -322,13 +330,7 @@ def run_guidellm(url: str, model: str, dataset: Path, model_dir: str, slo: dict[
            "--data", f"kind=json_file,path={dataset}",
            "--seed", f"kind=static,value={args.seed}",
            "--output", f"kind=json,path={out}", "--disable-console"]
-    t0 = time.perf_counter()
-    proc = subprocess.run([*pin(1), *cmd], capture_output=True, text=True, cwd=tmp,
-                          timeout=args.tool_timeout_s)
-    wall = time.perf_counter() - t0
-    if not out.exists():
-        raise RuntimeError(f"guidellm wrote no report (exit {proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+    proc, wall = _run_tool("guidellm", [*pin(1), *cmd], out, tmp, args.tool_timeout_s)
     report = json.loads(out.read_text())
     search = (report.get("conclusions") or [{}])[0] or {}
     levels = [_guidellm_level(b) for b in report["benchmarks"]]

@@ -804,9 +804,9 @@ class _Search:
         if (self.proof_cap_s is None or self.left <= 0 or self.proof is not None
                 or not _takes(self.probe, "proof")):
             return None
-        at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
-        if not at or at[-1].verdict != "inconclusive" or at[-1].overloaded \
-                or self.cut_at is not None or at[-1].evidence is None:
+        last = self.last_at(rate)
+        if last is None or last.verdict != "inconclusive" or last.overloaded \
+                or self.cut_at is not None or last.evidence is None:
             return None
         # The remaining share of the search's false-pass rate: the proof is its last
         # pass decision, so the shares of all its decisions still sum to the whole.
@@ -826,33 +826,38 @@ class _Search:
                 return None
             need = max(need, (d * math.log(test.false_pass) - test.llr(n, k)) / drift)
         # Requests arrive at the level's rate, or at the rate a closed loop's users reached.
-        per_s = rate if self.unit.by == "rate" else at[-1].evidence.arrival_rate
+        per_s = rate if self.unit.by == "rate" else last.evidence.arrival_rate
         if not per_s > 0 or PROOF_MARGIN * need / per_s + horizon(self.slo) > self.proof_cap_s:
             return None
         return Proof(safe_share=PROOF_SAFE_SHARE, looks=looks,
                      max_duration_s=self.proof_cap_s)
 
+    def last_at(self, rate: float) -> Probe | None:
+        """The last test of the search itself at ``rate`` (saturation, floor and repeat
+        tests left out)."""
+        at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
+        return at[-1] if at else None
+
     def leans_pass(self, rate: float) -> bool:
         """The last test at ``rate`` ran to its cap undecided with every limit's share
         under half its allowance: the test was too short for how its latencies cluster,
         not near the floor, so a higher level may hold too."""
-        at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
-        if not at or at[-1].verdict != "inconclusive" or at[-1].overloaded:
+        last = self.last_at(rate)
+        if last is None or last.verdict != "inconclusive" or last.overloaded:
             return False
-        ev = at[-1].evidence
+        ev = last.evidence
         if ev is None or not ev.limits:
             return False
-        return all(lim.n > 0 and lim.exceedance
-                   < 0.5 * (1.0 - _percentile(self.slo, lim.label) / 100.0)
+        return all(lim.n > 0 and lim.exceedance < 0.5 * _allowance(self.slo, lim.label)
                    for lim in ev.limits)
 
     def prove(self, rate: float, proof: Proof) -> None:
         """Run the proof at ``rate``; whatever it shows ends the search (it took the
         rest of the false-pass rate)."""
         self.proof = proof
-        if self.leans_pass(rate):
-            at = [p for p in self.probes if p.rate == rate and p.phase not in UNCOUNTED]
-            cluster = max(lim.dispersion for lim in at[-1].evidence.limits)
+        last = self.last_at(rate)
+        if last is not None and self.leans_pass(rate):
+            cluster = max(lim.dispersion for lim in last.evidence.limits)
             why = (f"with every limit's share under half its allowance, but with latencies "
                    f"that cluster (x{cluster:.2g}), so it needed more requests than its cap "
                    f"let it judge")
@@ -1296,19 +1301,20 @@ def _down_factor(search: _Search, rate: float) -> float:
     undecided, its exceedance under the allowance, or one that failed by little, says
     the ceiling is close below: a short step keeps the bracket tight, and the next
     test pools this one's evidence.  A clear fail halves the rate."""
-    at = [p for p in search.probes if p.rate == rate and p.phase not in UNCOUNTED]
-    ev = at[-1].evidence if at else None
-    if ev is None or at[-1].overloaded or not ev.limits:
+    last = search.last_at(rate)
+    ev = last.evidence if last is not None else None
+    if last is None or ev is None or last.overloaded or not ev.limits:
         return 0.5
-    worst = max((lim.exceedance / (1.0 - _percentile(search.slo, lim.label) / 100.0)
+    worst = max((lim.exceedance / _allowance(search.slo, lim.label)
                  for lim in ev.limits if lim.n), default=math.inf)
-    if at[-1].verdict == "inconclusive" and worst < 1.0:
+    if last.verdict == "inconclusive" and worst < 1.0:
         return 0.85
     return 0.7 if worst <= 2.0 else 0.5
 
 
-def _percentile(slo: SLO, label: str) -> float:
-    return next(lim.percentile for lim in slo.limits if lim.label == label)
+def _allowance(slo: SLO, label: str) -> float:
+    """The share of requests the limit ``label`` lets over it (1% for a P99)."""
+    return 1.0 - next(lim.percentile for lim in slo.limits if lim.label == label) / 100.0
 
 
 def _bisect(search: _Search, tol: float) -> None:

@@ -19,6 +19,7 @@ from autotune.core.errors import AutotuneError
 from autotune.core.files import json_safe
 from autotune.core.flags import command_line, config_key
 from autotune.study.space import CLIENT_PARAMS, serve_command
+from autotune.tuning.load_unit import cap_word
 from autotune.tuning.record import StoredTrial
 
 DEFAULT_HEADROOM = 0.10
@@ -147,7 +148,7 @@ class Recommendation:
     @property
     def cap_word(self) -> str:
         """What the gateway caps: a request rate, or the load of users in flight."""
-        return "rate" if self.unit == "req/s" else "load"
+        return cap_word(self.unit)
 
     @property
     def measure(self) -> str:

@@ -34,6 +34,7 @@ from autotune.report.data import (
 )
 from autotune.report.render import Figure, Page, Text, html_page, markdown, table_from
 from autotune.study.optuna_adapter import quiet_logging
+from autotune.tuning.load_unit import cap_word
 from autotune.tuning.record import as_mapping
 
 DEFAULT_HEADROOM = 0.1
@@ -327,7 +328,7 @@ def recommendation_blocks(data: StudyData, keys: Sequence[str]) -> list[Any]:
     if same and isinstance(rec.get("rate_cap"), int | float):
         cap = float(rec["rate_cap"])
     base = baseline_row(data)
-    what = "rate" if data.unit == "req/s" else "load"
+    what = cap_word(data.unit)
     rows = [["config", config_label(best.get("config") or {})],
             ["trial", str(best["trial"])],
             [f"{what} tried ({data.unit})", fmt_rate(best.get("rate"))],

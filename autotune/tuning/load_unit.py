@@ -33,6 +33,12 @@ def fmt_rate(r: float) -> str:
     return f"{r:.3g}"
 
 
+def cap_word(label: str) -> str:
+    """What a gateway caps for levels labelled ``label``: a request rate ("req/s"), or
+    the load of users (or requests) in flight."""
+    return "rate" if label == "req/s" else "load"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoadUnit:
     """The unit of one search's levels; ``closed`` is None for a request rate."""

@@ -159,6 +159,27 @@ def test_replay_is_exact_at_the_true_profile() -> None:
     assert abs(prior.mean_tpot_s / test.measured.mean_tpot_s - 1) > 0.1
 
 
+def test_replay_keeps_the_prefix_cache_hits_of_a_caching_server() -> None:
+    """A server with prefix caching on a shared system prompt: the replay declares the
+    same prefixes, so it hits the cache as the test did (without them the twin would
+    read the cache's speed as faster hardware)."""
+    hidden = apply_factors(PRIOR, HIDDEN)
+    flags = {"model": "tiny", "max_num_seqs": 8, "max_model_len": 512,
+             "enable_prefix_caching": True}
+    reqs = [replace(r, prompt_tokens=r.prompt_tokens + 256, prefix=(("system", 256),))
+            for r in workload(200)]
+    res = simulate(EngineConfig.from_flags(flags), hidden, MODEL, reqs,
+                   arrival_offsets(200, 6.0, seed=0), warmup=30)
+    test = ObservedTest.from_records(flags=flags, rate=6.0, requests=reqs,
+                                     records=res.records, warmup=30, cap=150)
+    got = resimulate(test, hidden, MODEL).figures
+    for name in FIGURES:
+        assert got.value(name) == pytest.approx(test.measured.value(name), rel=1e-9)
+    # The cache mattered: the same test with no prefix declared starts later.
+    bare = resimulate(replace(test, prefixes=()), hidden, MODEL).figures
+    assert bare.mean_ttft_s > 1.2 * test.measured.mean_ttft_s
+
+
 def test_slice_is_bounded_and_keeps_all_that_competed() -> None:
     hidden = apply_factors(PRIOR, HIDDEN)
     light = observe(hidden, 8, 6.0, n=200, warmup=30, cap=40)

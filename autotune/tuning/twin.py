@@ -142,8 +142,11 @@ class ObservedTest:
     ``prompt_tokens``, ``output_tokens`` and ``arrivals_s`` describe every request the
     re-simulation sends, in arrival order, the first ``warmup`` of them warm-up;
     ``scored`` are the positions whose figures were ``measured`` (completed, measured
-    requests).  ``trial``: the study trial the test belongs to (for the fit error per
-    trial), if any.
+    requests).  ``prefixes``: each request's declared shared prefixes
+    (``Request.prefix``), or () when none has any: a test of a server with prefix
+    caching is re-simulated with the cache hits it had, or the fit would read the
+    cache's speed as faster hardware.  ``trial``: the study trial the test belongs to
+    (for the fit error per trial), if any.
     """
 
     flags: Mapping[str, Any]
@@ -157,6 +160,7 @@ class ObservedTest:
     max_concurrency: int | None = None
     trial: int | None = None
     label: str = ""
+    prefixes: tuple[tuple[tuple[str, int], ...], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "flags", dict(self.flags))  # a copy the caller cannot change
@@ -164,6 +168,9 @@ class ObservedTest:
         if not (len(self.prompt_tokens) == len(self.output_tokens) == n):
             raise TwinError(f"{self.name}: prompt tokens, output tokens and arrivals must "
                             "have one entry per request")
+        if self.prefixes and len(self.prefixes) != n:
+            raise TwinError(f"{self.name}: prefixes must have one entry per request, or "
+                            "none")
         if not self.rate > 0:
             raise TwinError(f"{self.name}: the offered rate must be > 0, got {self.rate!r}")
         if not 0 <= self.warmup < n:
@@ -182,8 +189,9 @@ class ObservedTest:
 
     @property
     def requests(self) -> list[Request]:
-        return [Request("", p, o) for p, o in zip(self.prompt_tokens, self.output_tokens,
-                                                   strict=True)]
+        prefixes = self.prefixes or ((),) * len(self.prompt_tokens)
+        return [Request("", p, o, prefix=pf) for p, o, pf in zip(
+            self.prompt_tokens, self.output_tokens, prefixes, strict=True)]
 
     @classmethod
     def from_records(cls, *, flags: Mapping[str, Any], rate: float,
@@ -236,7 +244,9 @@ class ObservedTest:
                    output_tokens=tuple(int(requests[p].output_tokens) for p in keep),
                    arrivals_s=tuple(float(arrived[p] - t0) for p in keep),
                    warmup=warmup, scored=tuple(ok), measured=figures,
-                   max_concurrency=max_concurrency, trial=trial, label=label)
+                   max_concurrency=max_concurrency, trial=trial, label=label,
+                   prefixes=(tuple(tuple(requests[p].prefix) for p in keep)
+                             if any(requests[p].prefix for p in keep) else ()))
 
 
 def _released(r: RequestRecord) -> float:

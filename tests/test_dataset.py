@@ -224,6 +224,65 @@ def test_conversations_and_turns_in_file_order(tmp_path: Path, tekken: Tokenizer
     assert any("3 conversation(s)" in n and "up to 3 turns" in n for n in w.notes)
 
 
+def test_shared_prefixes_are_found_in_the_prompt_texts(tmp_path: Path,
+                                                       tekken: Tokenizer) -> None:
+    """A system prompt before every question, and a conversation whose second turn
+    resends the first: each request declares the 16-token blocks it shares (as vLLM's
+    chained block hashes would find them), one key per block whoever holds it."""
+    from autotune.sim.scheduler import block_ids
+
+    system = "You are a careful assistant for a hardware store. " * 12
+    first = system + "User: Which drill for concrete walls?\nAssistant:"
+    second = first + " A hammer drill with masonry bits.\nUser: And for tiles?\nAssistant:"
+    path = write_jsonl(tmp_path / "shared.jsonl", [
+        {"prompt": system + "User: Do you sell paint?", "output_tokens": 8},
+        {"prompt": first, "output_tokens": 8, "conversation_id": "c"},
+        {"prompt": "Completely unrelated words about the sea and its tides.",
+         "output_tokens": 8},
+        {"prompt": second, "output_tokens": 8, "conversation_id": "c"},
+    ])
+    w = load(path, tekken)
+    sys_blocks = len(tekken.encode(system)) // 16 - 1  # the boundary may merge tokens
+    depth = [max((t for _, t in r.prefix), default=0) // 16 for r in w.requests]
+    assert depth[0] >= sys_blocks and depth[1] >= sys_blocks
+    assert depth[2] == 0  # shares nothing
+    assert depth[3] >= len(tekken.encode(first)) // 16 - 1  # the history it resends
+    ids = [set(block_ids(r.prefix, r.prompt_tokens, 16)) for r in w.requests]
+    assert len(ids[0] & ids[1] & ids[3]) >= sys_blocks  # the system prompt: same keys
+    assert len(ids[1] & ids[3]) > len(ids[0] & ids[3])  # the history shared on top
+    assert any("share their first tokens" in n for n in w.notes)
+    assert describe_workload(w)["shared_prefix_share"] > 0.5
+
+
+def test_a_file_s_shared_prefixes_reach_the_simulated_prefix_cache(
+        tmp_path: Path, tekken: Tokenizer) -> None:
+    """The simulator with prefix caching hits what a file's prompts share, and nothing
+    without caching or with prompts that share nothing."""
+    from autotune.sim import EngineConfig, load_hardware, load_model, simulate
+
+    system = "Answer in one short sentence, in plain English, for a curious child. " * 20
+    rng = np.random.default_rng(0)
+    words = ["river", "cloud", "engine", "violin", "garden", "planet", "copper", "lantern"]
+    questions = [" ".join(rng.choice(words, 12)) + "?" for _ in range(60)]
+    shared = write_jsonl(tmp_path / "shared.jsonl", [
+        {"prompt": system + q, "output_tokens": 4} for q in questions])
+    alone = write_jsonl(tmp_path / "alone.jsonl", [
+        {"prompt": q + " " + system[::-1], "output_tokens": 4} for q in questions])
+    model = load_model("tiny")
+
+    def hit_rate(path: Path, caching: bool) -> float:
+        reqs = load(path, tekken).requests
+        cfg = EngineConfig.from_flags({"model": "tiny", "max_model_len": 2048,
+                                       "enable_prefix_caching": caching})
+        res = simulate(cfg, load_hardware("cpu-tiny"), model, reqs,
+                       arrival_offsets(len(reqs), 2.0, seed=0))
+        return res.prefix_cache_hits / max(res.prefix_cache_queries, 1)
+
+    assert hit_rate(shared, True) > 0.5
+    assert hit_rate(shared, False) == 0.0
+    assert hit_rate(alone, True) == 0.0
+
+
 @pytest.mark.parametrize("stamps,expected", [
     ([1000.5, 1001.0, 1001.0, 1003.25], [0.0, 0.5, 0.5, 2.75]),  # equal times are fine
     (["1700000000", "1700000000.125", "1700000060"], [0.0, 0.125, 60.0]),

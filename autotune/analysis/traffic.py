@@ -25,7 +25,9 @@ MODELLED: dict[str, str] = {
                      "reply; in open loops each turn arrives on its own",
     "prefixes": "modelled by the simulator's prefix cache (enable_prefix_caching): cached "
                 "full blocks skip prefill, up to the KV cache's capacity, with eviction; "
-                "only prefixes the workload declares count (a file's prompts declare none)",
+                "a file's shared prefixes are found by hashing its prompts' 16-token "
+                "blocks, as vLLM's cache does (prompts given only as a token count share "
+                "nothing)",
     "arrivals": "replayed exactly by ceiling --by speed (the trace's own times, sped up or "
                 "slowed down); other commands draw Poisson or gamma arrivals "
                 "(--burstiness) at a rate",

@@ -19,13 +19,14 @@ import math
 import re
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, Any, Literal, TypedDict
 
 import numpy as np
 
+from autotune.workload.shared_blocks import BLOCK, MAX_HASHES, SharedBlocks, prefix_of
 from autotune.workload.sources import Request, Workload, exact_prompts
 from autotune.workload.tokenizer import Tokenizer, WorkloadError
 
@@ -443,6 +444,7 @@ class _Reader:
         self._prev_ts: tuple[float, int] | None = None
         self._no_ts_line: int | None = None
         self.turns: dict[str, int] = {}
+        self.shared = SharedBlocks()  # the blocks the prompts' texts share
 
     # -- one record -------------------------------------------------------------------
 
@@ -585,8 +587,8 @@ class _Reader:
         if not rows:
             return
         texts = [r for r in rows if r.text is not None]
-        counted = self.tok.count_many([r.text for r in texts if r.text is not None])
-        count_of = {id(r): n for r, n in zip(texts, counted, strict=True)}
+        ids = self.tok.encode_many([r.text for r in texts if r.text is not None])
+        ids_of = {id(r): i for r, i in zip(texts, ids, strict=True)}
         to_build = [r for r in rows if r.text is None]
         built_of: dict[int, tuple[str, int]] = {}
         if to_build:
@@ -600,7 +602,7 @@ class _Reader:
         for r in rows:
             at = _At(self.file, r.line)
             if r.text is not None:
-                prompt, n = r.text, count_of[id(r)]
+                prompt, n = r.text, len(ids_of[id(r)])
                 self._check_fits(n, r.text_field, r.output, r.output_field, at)
                 if r.given is not None:
                     self._compare(r.given, n, r.line)
@@ -610,6 +612,7 @@ class _Reader:
                 prompt=prompt, prompt_tokens=n, output_tokens=r.output,
                 conversation=r.conversation, turn=r.turn, arrival_s=r.arrival,
             ))
+            self.shared.add(ids_of.get(id(r)))
 
     def _compare(self, given: int, counted: int, line: int) -> None:
         diff = abs(given - counted)
@@ -724,14 +727,29 @@ def load_dataset(
     if reader.chat:
         label = ("openai chat log" if reader.chat == n
                  else f"jsonl with {reader.chat:,} openai chat request(s)")
+    requests = _declare_shared(reader.requests, reader.shared, tokenizer)
     notes = _notes(reader, file, lines, stopped, num_prompts, seed)
     first = "the first " if stopped else ""
     return Workload(
-        requests=reader.requests,
+        requests=requests,
         source=f"dataset {file} ({label}, {n:,} requests of {first}{lines.read:,} lines)",
         tokenizer=tokenizer.name,
         notes=notes,
     )
+
+
+def _declare_shared(requests: list[Request], shared: SharedBlocks, tok: Tokenizer
+                    ) -> list[Request]:
+    """``requests`` with the prefixes their texts share declared (``Request.prefix``),
+    for the simulator's prefix cache; the shared ones are tokenised again, which costs
+    less than keeping every prompt's block hashes while the file is read."""
+    at = [i for i, d in enumerate(shared.depth) if d]
+    if not at:
+        return requests
+    out = list(requests)
+    for i, ids in zip(at, tok.encode_many([requests[i].prompt for i in at]), strict=True):
+        out[i] = replace(requests[i], prefix=prefix_of(ids, shared.depth[i]))
+    return out
 
 
 def _notes(reader: _Reader, file: str, lines: _Lines, stopped: bool, num_prompts: int | None,
@@ -774,6 +792,13 @@ def _notes(reader: _Reader, file: str, lines: _Lines, stopped: bool, num_prompts
         longest = max(reader.turns.values())
         notes.append(f"{len(reader.turns):,} conversation(s), turns in file order "
                      f"(up to {longest:,} turns)")
+    if reader.shared.shared:
+        notes.append(f"{reader.shared.shared:,} prompt(s) share their first tokens with "
+                     f"another (found by hashing {BLOCK}-token blocks, as vLLM's prefix "
+                     "cache does): declared shared, for the simulator's prefix cache")
+    if reader.shared.full:
+        notes.append(f"over {MAX_HASHES:,} distinct token blocks: the later prompts' "
+                     "sharing was looked for among those only")
     arrivals = [r.arrival_s for r in reader.requests if r.arrival_s is not None]
     if arrivals:
         span = arrivals[-1]

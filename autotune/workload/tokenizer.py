@@ -59,6 +59,10 @@ class Tokenizer(ABC):
         """Counts of many texts; implementations batch or parallelise this."""
         return [self.count(t) for t in texts]
 
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of many texts; implementations batch or parallelise this."""
+        return [self.encode(t) for t in texts]
+
     def close(self) -> None:
         """Release connections; a no-op for local tokenizers."""
         return None
@@ -94,8 +98,11 @@ class HFTokenizer(Tokenizer):
         return self._tok.decode(list(ids), skip_special_tokens=True)
 
     def count_many(self, texts: Sequence[str]) -> list[int]:
+        return [len(ids) for ids in self.encode_many(texts)]
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
         encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
-        return [len(e.ids) for e in encs]
+        return [e.ids for e in encs]
 
 
 def default_tekken_path() -> Path:
@@ -231,6 +238,12 @@ class ServerTokenizer(Tokenizer):
         else:
             counts = {t: self.count(t) for t in missing}
         return [counts[t] if t in counts else self.count(t) for t in texts]
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        if len(texts) > 1 and self.max_parallel > 1:
+            with ThreadPoolExecutor(max_workers=self.max_parallel) as pool:
+                return list(pool.map(self.encode, texts))
+        return [self.encode(t) for t in texts]
 
     def _remember(self, text: str, n: int) -> None:
         with self._lock:

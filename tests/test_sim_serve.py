@@ -153,6 +153,37 @@ def test_endpoints_behave_like_vllm() -> None:
     assert proc.returncode == 0
 
 
+def _cache_counters(url: str) -> tuple[float, float]:
+    metrics = httpx.get(url + "/metrics").text
+    got = {}
+    for name in ("queries", "hits"):
+        (line,) = [x for x in metrics.splitlines()
+                   if x.startswith(f"vllm:prefix_cache_{name}_total{{")]
+        got[name] = float(line.rsplit(" ", 1)[1])
+    return got["queries"], got["hits"]
+
+
+@pytest.mark.parametrize("caching", [True, False])
+def test_a_resent_prefix_hits_the_prefix_cache_as_in_vllm(caching: bool) -> None:
+    """A chat turn resends the first turn's 600 words: with prefix caching (vLLM's
+    default) its full 128-token blocks (cpu-tiny's, as vLLM-CPU's) are hits, counted
+    in vLLM's /metrics names; without it, none are."""
+    history = " ".join(f"w{i}" for i in range(600))
+    turns = [history, history + " and then what happened next"]
+    flag = "--enable-prefix-caching" if caching else "--no-enable-prefix-caching"
+    with server(flag) as (url, _):
+        for text in turns:  # one after the other: the first is cached when the next comes
+            r = httpx.post(url + "/v1/chat/completions", timeout=30, json={
+                "model": "tiny", "messages": [{"role": "user", "content": text}],
+                "max_tokens": 2})
+            assert r.status_code == 200
+        queries, hits = _cache_counters(url)
+    if caching:
+        assert queries == 600 + 605 and hits == 4 * 128
+    else:
+        assert hits == 0
+
+
 def test_sigterm_closes_streams_and_exits_cleanly() -> None:
     with server() as (url, proc):
         with httpx.stream("POST", url + "/v1/completions", timeout=30, json={

@@ -287,6 +287,31 @@ def test_observations_from_a_ceiling_search_replay_exactly() -> None:
     assert (pred.goodput_tokens > 0) == (ceiling.feasible_max is not None)
 
 
+def test_fresh_fixed_count_tests_send_new_prompts_and_replay_exactly() -> None:
+    """Calibration's shapes are fixed-count tests on a server that caches prefixes by
+    default: each sends prompts no earlier one sent (the same prompts again would be
+    served from the cache), and the twin's replay of each is what it sent."""
+    from autotune.core.slo import combine
+    from autotune.tuning.twin import observation_of
+
+    hidden = apply_factors(PRIOR, HIDDEN)
+    flags = {"model": "tiny", "max_num_seqs": 8, "max_model_len": 512}
+    pool = [replace(r, prompt=f"prompt {i}") for i, r in enumerate(workload(400))]
+    probe = BackendProbe(SimBackend(hidden, MODEL), flags, combine("3600s", None), pool,
+                         warmup=20, prune=False, steady=None, fresh=True)
+    rates = [math.inf, 2.0, 4.0]
+    sent = []
+    for i, rate in enumerate(rates):
+        probe(rate, 60)
+        sent.append({q.prompt for q in probe.plan(60, 0, rate, at=probe.pool_ats[i]).requests})
+        obs = observation_of(probe, probe.results[i], rate=rate, num_prompts=60)
+        got = resimulate(obs, hidden, MODEL).figures
+        assert got.output_throughput == pytest.approx(obs.measured.output_throughput,
+                                                      rel=1e-9)
+    assert all(len(s) == 60 for s in sent)
+    assert not (sent[0] & sent[1] or sent[1] & sent[2] or sent[0] & sent[2])
+
+
 def test_observations_from_a_stored_trial(tmp_path: Path) -> None:
     hidden = apply_factors(PRIOR, HIDDEN)
     plan = tiny_plan()

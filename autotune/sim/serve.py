@@ -12,7 +12,9 @@ serves is simulated.
 Token counting (documented, deterministic): a text prompt counts one token per
 whitespace-separated word (``len(text.split())``); a prompt given as token ids counts
 them; a chat request counts the words of every message's content.  The output is
-always ``max_tokens`` tokens (as with ``ignore_eos``), one word per token.
+always ``max_tokens`` tokens (as with ``ignore_eos``), one word per token.  With prefix
+caching (on by default, as in vLLM) each prompt declares every full block by its chained
+hash, so a block an earlier prompt held is a cache hit.
 
 Endpoints: ``/v1/completions``, ``/v1/chat/completions`` (streaming SSE like vLLM, with
 the usage chunk when ``stream_options.include_usage``), ``/v1/models``, ``/health``,
@@ -46,6 +48,7 @@ from autotune.sim.engine import error_body, request_problem
 from autotune.sim.frontend import FrontEnd, FrontEndCosts
 from autotune.sim.profiles import ProfileError, load_hardware, load_model
 from autotune.sim.scheduler import DECODE, Scheduler, Seq
+from autotune.workload.shared_blocks import MAX_BLOCKS, prefix_of
 
 if TYPE_CHECKING:
     from starlette.requests import Request as HttpRequest
@@ -70,29 +73,35 @@ def log(level: str, msg: str, *, err: bool = False) -> None:
           flush=True)
 
 
-def count_words(text: str) -> int:
-    return len(text.split())
+def word_ids(text: str) -> list[int]:
+    """One token per whitespace-separated word, the word's CRC-32 as its id."""
+    return [zlib.crc32(w.encode()) for w in text.split()]
 
 
-def prompt_token_count(body: dict[str, Any], chat: bool) -> int:
-    """The documented deterministic count: words of the text, or the token ids given."""
+def prompt_ids(body: dict[str, Any], chat: bool) -> list[int]:
+    """The documented deterministic tokens: the words of the text (of every message's
+    content, in order, for a chat), or the token ids given."""
     if chat:
-        total = 0
+        ids: list[int] = []
         for m in body.get("messages") or []:
             content = m.get("content", "") if isinstance(m, dict) else ""
             if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
                 content = " ".join(str(p.get("text", "")) for p in content
                                    if isinstance(p, dict))
-            total += count_words(str(content))
-        return total
+            ids += word_ids(str(content))
+        return ids
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
         if prompt and all(isinstance(t, int) for t in prompt):
-            return len(prompt)
+            return [int(t) for t in prompt]
         prompt = prompt[0] if prompt else ""
         if isinstance(prompt, list):
-            return len(prompt)
-    return count_words(str(prompt))
+            return [int(t) if isinstance(t, int) else 0 for t in prompt]
+    return word_ids(str(prompt))
+
+
+def prompt_token_count(body: dict[str, Any], chat: bool) -> int:
+    return len(prompt_ids(body, chat))
 
 
 class RealtimeEngine:
@@ -127,10 +136,15 @@ class RealtimeEngine:
         self.due_order = itertools.count()
         self.due_wake = asyncio.Event()
 
-    def submit(self, prompt_tokens: int, max_tokens: int) -> tuple[int, asyncio.Queue[str]]:
+    def submit(self, ids: Sequence[int], max_tokens: int) -> tuple[int, asyncio.Queue[str]]:
+        """Queue a request of prompt tokens ``ids``.  With prefix caching, every full
+        block is declared by its chained hash, so a block any earlier prompt held is
+        found in the cache, as vLLM finds it."""
         rid = self.next_rid
         self.next_rid += 1
-        seq = Seq(rid, prompt_tokens, max_tokens)
+        seq = Seq(rid, len(ids), max_tokens)
+        if self.sched.prefix_cache is not None:
+            seq.prefix = prefix_of(ids, MAX_BLOCKS)
         q: asyncio.Queue[str] = asyncio.Queue()
         self.queues[rid], self.seqs[rid] = q, seq
         if self.fe is None:
@@ -281,6 +295,10 @@ class RealtimeEngine:
              "(simulated).", self.prompt_tokens_total),
             ("vllm:generation_tokens_total", "counter", "Number of generation tokens "
              "processed (simulated).", self.generation_tokens_total),
+            ("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in "
+             "tokens (simulated).", 0 if s.prefix_cache is None else s.prefix_cache.queries),
+            ("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens "
+             "(simulated).", 0 if s.prefix_cache is None else s.prefix_cache.hits),
         ]
         out = []
         for name, kind, help_, value in rows:
@@ -421,9 +439,10 @@ async def _complete(engine: RealtimeEngine, served_name: str,
     sizes = _admit(engine, served_name, body, chat)
     if isinstance(sizes, Response):
         return sizes
-    prompt_n, max_tokens = sizes
+    ids, max_tokens = sizes
+    prompt_n = len(ids)
     received = time.perf_counter()
-    rid, q = engine.submit(prompt_n, max_tokens)
+    rid, q = engine.submit(ids, max_tokens)
     call = _Call(engine, served_name, chat, rid, q, received, prompt_n, max_tokens,
                  ident=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
                  obj="chat.completion.chunk" if chat else "text_completion")
@@ -434,7 +453,7 @@ async def _complete(engine: RealtimeEngine, served_name: str,
 
 
 def _admit(engine: RealtimeEngine, served_name: str, body: dict[str, Any],
-           chat: bool) -> tuple[int, int] | Response:
+           chat: bool) -> tuple[list[int], int] | Response:
     """(prompt tokens, max tokens) of a request the engine may take, or the error vLLM
     answers before queueing one (unknown model, bad or too long a request, shutting
     down)."""
@@ -442,7 +461,8 @@ def _admit(engine: RealtimeEngine, served_name: str, body: dict[str, Any],
     model = body.get("model", served_name)
     if model != served_name:
         return _error(f"The model `{model}` does not exist.", 404, "NotFoundError")
-    prompt_n = prompt_token_count(body, chat)
+    ids = prompt_ids(body, chat)
+    prompt_n = len(ids)
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     if max_tokens is None:
         max_tokens = setup.max_model_len - prompt_n if chat else 16
@@ -453,7 +473,7 @@ def _admit(engine: RealtimeEngine, served_name: str, body: dict[str, Any],
         return _error(problem)
     if engine.stopping:
         return _error("server is shutting down", 503, "ServiceUnavailableError")
-    return prompt_n, max_tokens
+    return ids, max_tokens
 
 
 def _usage(prompt_n: int, n_out: int) -> dict[str, int]:
@@ -568,6 +588,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=None)
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                   default=True, help="vLLM's automatic prefix cache (on by default, as "
+                   "in vLLM): prompts sharing full blocks of words skip their prefill")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=int, default=None)
     # None: the platform's default, as vLLM (16 on GPUs, 128 on vLLM-CPU).
@@ -630,6 +653,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model=model.name, tensor_parallel_size=args.tensor_parallel_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         block_size=args.block_size, api_server_count=args.api_server_count)
     node = hardware.label

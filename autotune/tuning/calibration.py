@@ -116,7 +116,8 @@ def run_calibration(o: CalibrateOptions) -> int:
         wl = _workload(o)
         # Fixed-count tests, never pruned: the limit only labels a verdict nobody reads.
         probe = BackendProbe(backend, launch, combine("3600s", None), list(wl.requests),
-                             warmup=w.warmup, seed=w.seed, prune=False, steady=None)
+                             warmup=w.warmup, seed=w.seed, prune=False, steady=None,
+                             fresh=True)
         console.print(f"calibrating {prior.name} ({model.name}) against {where}, config "
                       f"{dict(o.flags) or 'the defaults'}; workload {wl.source} "
                       f"({w.num_prompts} measured requests per test after {w.warmup} "
@@ -208,6 +209,8 @@ def _workload(o: CalibrateOptions) -> Any:
     w = o.workload
     return pool_workload(
         dataset=o.dataset, tokenizer_path=w.tokenizer, url=o.server.url,
-        model=o.server.model, total=w.num_prompts + w.warmup, seed=w.seed,
+        # Each shape sends prompts no other shape did: vLLM caches prefixes by default.
+        model=o.server.model, total=(1 + len(o.loads)) * w.num_prompts + w.warmup,
+        seed=w.seed,
         input_len=o.input_len, output_len=o.output_len,
         context=w.max_model_len or int(o.flags.get("max_model_len") or DEFAULT_CONTEXT))

@@ -1479,7 +1479,7 @@ class BackendProbe:
                  drain_timeout_s: float = 600.0, steady: Any = None,
                  deadline_s: float | None = None,
                  on_evidence: Callable[[float, Any], None] | None = None,
-                 unit: LoadUnit = RATE) -> None:
+                 unit: LoadUnit = RATE, fresh: bool = False) -> None:
         if not pool:
             raise CeilingError("the workload is empty: no requests to probe with")
         self.backend = backend
@@ -1516,6 +1516,11 @@ class BackendProbe:
         # The saturation test's throughput, once it ran: a closed loop's users complete
         # no faster than a few times it, which sizes their tests.
         self.saturated_rps: float | None = None
+        # Fixed-count tests at a rate take requests no earlier test sent, as tests sized
+        # by time do (False: the same ones at every rate, for what-if comparisons): a
+        # server with prefix caching, vLLM's default, serves a resent prompt from its
+        # cache, which a replay of the test would not see.
+        self.fresh = fresh
 
     def _fresh(self, n: int, order: Sequence[int], cursor: int) -> list[Request]:
         """``n`` measured requests from ``cursor`` on, past the warm-up ones: a server
@@ -1552,7 +1557,7 @@ class BackendProbe:
             # far as the test runs.
             measured = self._fresh(len(order), order, cursor)
             seed += 104729 * tests
-        elif math.isinf(rate):  # the saturation test, on requests no other test sends
+        elif math.isinf(rate) or self.fresh:  # on requests no other test sends
             measured = self._fresh(n, order, cursor)
         else:
             measured = picks[self.warmup:]
@@ -1602,7 +1607,7 @@ class BackendProbe:
         pool_at: tuple[int, int] | None = (self.cursor, self.timed_tests)
         if plan.steady is not None and not light:
             self.timed_tests += 1
-        elif not (light or math.isinf(rate)):
+        elif not (light or math.isinf(rate) or self.fresh):
             pool_at = None  # a test of fixed requests: ``picks``, not the cursor
         self.cursor += sum(1 for r in result.records if not r.warmup and r.sent_s is not None)
         self.pool_ats.append(pool_at)

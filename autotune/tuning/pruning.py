@@ -164,15 +164,33 @@ def _late_for(record: RequestRecord, limit: Limit, now: float) -> bool:
     return False  # tpot is only known at the end
 
 
+def _count_late(records: Sequence[RequestRecord], ends: list[float | None], limit: Limit,
+                now: float) -> int:
+    """How many ``records`` (finished at ``ends``) :func:`_late_for` calls late at
+    ``now``, an end-to-end limit on arrays: every window counts every request so far,
+    so a load test's windows cost its requests squared."""
+    if limit.metric != "e2e":
+        return sum(1 for r in records if _late_for(r, limit, now))
+    # None reads as nan, and a nan latency is under any limit, as a missing e2e_s or
+    # an unsent request is never late.
+    sent = np.array([r.sent_s for r in records], dtype=float)
+    done = np.array([t is not None for t in ends], dtype=bool)
+    failed = done & np.array([r.error is not None for r in records], dtype=bool)
+    with np.errstate(invalid="ignore"):  # inf - inf is nan, in Python as here: silent
+        late = np.where(done, np.array(ends, dtype=float) - sent, now - sent)
+    return int(np.count_nonzero((late > limit.threshold_s) | failed))
+
+
 def window_evidence(
     now: float, records: Sequence[RequestRecord], slo: SLO, *, planned: int, t0: float
 ) -> Window:
     """Evidence at ``now`` from the measured records so far (warm-up excluded)."""
     measured = [r for r in records if not r.warmup]
     scheduled = [r for r in measured if r.scheduled_s <= now]
-    finished = sum(1 for r in scheduled if r.done)
+    ends = [r.end_s for r in scheduled]
+    finished = len(ends) - ends.count(None)
     late = {
-        limit.label: sum(1 for r in scheduled if _late_for(r, limit, now))
+        limit.label: _count_late(scheduled, ends, limit, now)
         for limit in slo.limits
         if limit.metric in _COUNTABLE
     }

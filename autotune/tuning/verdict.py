@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
-from autotune.core.metrics import Summary, is_good, quantile_bounds, quantile_upper_bound
+from autotune.core.metrics import Summary, quantile_bounds, quantile_upper_bound
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, Limit, quantile
 from autotune.tuning.pruning import backlog_trend
@@ -377,25 +377,42 @@ class _Arrays:
     failed: np.ndarray
     out_tokens: np.ndarray
     tpot: np.ndarray  # nan when unknown
+    # The first token as recorded (no chunk stand-in; inf = none), and where a send,
+    # a first token and a TPOT are known: what the records' latency properties read.
+    token: np.ndarray
+    has_sent: np.ndarray
+    has_token: np.ndarray
+    has_tpot: np.ndarray
     records: Sequence[RequestRecord] = field(repr=False, default=())
 
     @classmethod
     def of(cls, records: Sequence[RequestRecord]) -> _Arrays:
-        inf = math.inf
-        n = len(records)
-        sched = np.fromiter((r.scheduled_s for r in records), float, n)
-        sent = np.fromiter((inf if r.sent_s is None else r.sent_s for r in records), float, n)
-        first = np.fromiter((r.first_token_s if r.first_token_s is not None
-                             else r.chunk_times_s[0] if r.chunk_times_s else inf
-                             for r in records), float, n)
-        end = np.fromiter((inf if r.end_s is None else r.end_s for r in records), float, n)
-        ok = np.fromiter((r.end_s is not None and r.error is None for r in records), bool, n)
-        failed = np.fromiter((r.end_s is not None and r.error is not None for r in records),
-                             bool, n)
-        out = np.fromiter((r.output_tokens for r in records), float, n)
-        tpot = np.fromiter((math.nan if (t := r.tpot_s) is None else t for r in records),
-                           float, n)
-        return cls(sched, sent, first, end, ok, failed, out, tpot, records)
+        # A comprehension per field and the arithmetic on arrays: judge builds these at
+        # every look, and the records' properties (tpot_s) cost calls per record.
+        sched = np.array([r.scheduled_s for r in records], dtype=float)
+        sent, has_sent = _known([r.sent_s for r in records])
+        token, has_token = _known([r.first_token_s for r in records])
+        first = np.array([r.first_token_s if r.first_token_s is not None
+                          else r.chunk_times_s[0] if r.chunk_times_s else math.inf
+                          for r in records], dtype=float)
+        end, done = _known([r.end_s for r in records])
+        clean = np.array([r.error is None for r in records], dtype=bool)
+        ok, failed = done & clean, done & ~clean
+        out = np.array([r.output_tokens for r in records], dtype=float)
+        # RequestRecord.tpot_s: (e2e - ttft) / (tokens - 1), in the same order of
+        # operations, where the request completed with two tokens, a send and a first.
+        has_tpot = ok & (out >= 2) & has_sent & has_token
+        tpot = np.full(len(records), math.nan)
+        e2e, ttft = end[has_tpot] - sent[has_tpot], token[has_tpot] - sent[has_tpot]
+        tpot[has_tpot] = (e2e - ttft) / (out[has_tpot] - 1.0)
+        return cls(sched, sent, first, end, ok, failed, out, tpot, token, has_sent,
+                   has_token, has_tpot, records)
+
+
+def _known(values: list[float | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(``values`` with None as inf, where not None)."""
+    return (np.array([math.inf if v is None else v for v in values], dtype=float),
+            np.array([v is not None for v in values], dtype=bool))
 
 
 def _limit_values(a: _Arrays, idx: np.ndarray, limit: Limit, now: float
@@ -758,8 +775,34 @@ def _p(ev: LimitEvidence) -> str:
 
 
 def _good_mask(a: _Arrays, idx: np.ndarray, slo: SLO) -> np.ndarray:
-    """vLLM's goodput rule per cohort request: completed and within every limit."""
-    return np.fromiter((is_good(a.records[i], slo) for i in idx.tolist()), bool, idx.size)
+    """vLLM's goodput rule per cohort request (metrics.is_good, on the arrays):
+    completed and within every limit."""
+    good = a.ok[idx]
+    for limit in slo.limits:
+        good = good & _within(a, idx, limit, good)
+    return good
+
+
+def _within(a: _Arrays, idx: np.ndarray, limit: Limit, good: np.ndarray) -> np.ndarray:
+    """Where a completed cohort request's own value of ``limit.metric`` holds, as
+    metrics.is_good reads it (unknown: broken; a one-token reply's TPOT: holds); only
+    the ``good`` ones are asked (an ITL's per-request percentile is costly)."""
+    th = limit.threshold_s
+    if limit.metric == "itl":
+        held = np.ones(idx.size, dtype=bool)
+        for j in np.nonzero(good)[0].tolist():
+            gaps = a.records[int(idx[j])].itls_s
+            value = quantile(gaps, limit.percentile) if gaps else 0.0
+            held[j] = not value > th
+        return held
+    if limit.metric == "tpot":
+        value, known = a.tpot[idx], a.has_tpot[idx]
+        return (a.out_tokens[idx] < 2) | (known & ~(value > th))
+    start = a.end if limit.metric == "e2e" else a.token
+    known = a.has_sent[idx] & (a.has_token[idx] if limit.metric == "ttft" else True)
+    value = np.subtract(start[idx], a.sent[idx], out=np.full(idx.size, math.nan),
+                        where=known)
+    return known & ~(value > th)
 
 
 def _empty(offered_rate: float, min_s: float) -> Evidence:

@@ -57,7 +57,10 @@ def _save(fig: Figure, path: Path, provenance: str) -> Path:
 
 
 def legend(ax: Any, *, fontsize: int = 7) -> Any:
-    """The axes' legend to the right of its plot area, so that it never hides a point."""
+    """The axes' legend to the right of its plot area, so that it never hides a point;
+    None when nothing plotted has a label (a plot of no trial, or of failed ones)."""
+    if not ax.get_legend_handles_labels()[0]:
+        return None
     return ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0),
                      borderaxespad=0.0)
 

@@ -202,8 +202,10 @@ FAULT_CASES = [
 @pytest.mark.parametrize(("fault", "kind"), FAULT_CASES)
 def test_each_fault_is_a_failure_and_never_goodput(fake_server, fault: str, kind: str,
                                                    transport: str) -> None:
-    server = fake_server(fault=fault, fail_every=3, slow_first_token_s=2.0)
-    config = LoadTestConfig(url=server.url, rate=300.0, warmup=0, request_timeout_s=0.4,
+    # A healthy request must finish within the timeout on a machine the other test
+    # workers keep busy (at 0.4 s, a full run timed one out), and a slow one must not.
+    server = fake_server(fault=fault, fail_every=3, slow_first_token_s=6.0)
+    config = LoadTestConfig(url=server.url, rate=300.0, warmup=0, request_timeout_s=2.0,
                             process="constant", seed=4, transport=transport)
     result = run_load_test_sync(config, _requests(9, out=6))
     failed = [r for r in result.records if not r.ok]

@@ -194,6 +194,13 @@ def _reason(record: RequestRecord) -> str:
     return record.error.split(":", 1)[0].strip() or "error"
 
 
+def own_itl(record: RequestRecord, percentile: float) -> float:
+    """A request's own inter-token latency at ``percentile`` of its gaps (0 with none),
+    what an ITL limit judges it by."""
+    gaps = record.itls_s
+    return quantile(gaps, percentile) if gaps else 0.0
+
+
 def is_good(record: RequestRecord, slo: SLO | None) -> bool:
     """vLLM's goodput rule per request: every limit's metric for this request holds.
 
@@ -205,8 +212,7 @@ def is_good(record: RequestRecord, slo: SLO | None) -> bool:
         return True
     for limit in slo.limits:
         if limit.metric == "itl":
-            gaps = record.itls_s
-            value = quantile(gaps, limit.percentile) if gaps else 0.0
+            value = own_itl(record, limit.percentile)
         else:
             value = getattr(record, f"{limit.metric}_s")
             if value is None:

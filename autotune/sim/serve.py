@@ -395,10 +395,9 @@ def _info_routes(engine: RealtimeEngine, served_name: str) -> list[Route]:
         n = prompt_token_count(body, chat)
         text = body.get("prompt", "") if not chat else " ".join(
             str(m.get("content", "")) for m in body.get("messages") or [] if isinstance(m, dict))
-        words = str(text).split() if isinstance(text, str) else []
+        words = word_ids(text) if isinstance(text, str) else []
         vocab = setup.model.vocab_size
-        tokens = ([zlib.crc32(w.encode()) % vocab for w in words]
-                  if len(words) == n else list(range(n)))
+        tokens = [i % vocab for i in words] if len(words) == n else list(range(n))
         return JSONResponse({"count": n, "max_model_len": setup.max_model_len,
                              "tokens": tokens})
 

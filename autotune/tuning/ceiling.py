@@ -1522,6 +1522,11 @@ class BackendProbe:
         # cache, which a replay of the test would not see.
         self.fresh = fresh
 
+    def _from_cursor(self, rate: float) -> bool:
+        """Whether a fixed-count test at ``rate`` takes its requests from the cursor:
+        the saturation test always, the others when ``fresh``."""
+        return math.isinf(rate) or self.fresh
+
     def _fresh(self, n: int, order: Sequence[int], cursor: int) -> list[Request]:
         """``n`` measured requests from ``cursor`` on, past the warm-up ones: a server
         with prefix caching must not see a test's prompts again in a later test (the
@@ -1557,7 +1562,7 @@ class BackendProbe:
             # far as the test runs.
             measured = self._fresh(len(order), order, cursor)
             seed += 104729 * tests
-        elif math.isinf(rate) or self.fresh:  # on requests no other test sends
+        elif self._from_cursor(rate):  # on requests no other test sends
             measured = self._fresh(n, order, cursor)
         else:
             measured = picks[self.warmup:]
@@ -1607,7 +1612,7 @@ class BackendProbe:
         pool_at: tuple[int, int] | None = (self.cursor, self.timed_tests)
         if plan.steady is not None and not light:
             self.timed_tests += 1
-        elif not (light or math.isinf(rate) or self.fresh):
+        elif not (light or self._from_cursor(rate)):
             pool_at = None  # a test of fixed requests: ``picks``, not the cursor
         self.cursor += sum(1 for r in result.records if not r.warmup and r.sent_s is not None)
         self.pool_ats.append(pool_at)

@@ -148,6 +148,8 @@ def backlog_growing(
 
 
 def _late_for(record: RequestRecord, limit: Limit, now: float) -> bool:
+    """Whether ``record`` is late for a TTFT or TPOT limit at ``now`` (an end-to-end
+    limit is counted on arrays, in :func:`_count_late`)."""
     threshold = limit.threshold_s
     if record.done:
         if not record.ok:
@@ -157,8 +159,6 @@ def _late_for(record: RequestRecord, limit: Limit, now: float) -> bool:
     if record.sent_s is None:
         return False
     age = now - record.sent_s
-    if limit.metric == "e2e":
-        return age > threshold
     if limit.metric == "ttft":
         return record.first_token_s is None and age > threshold
     return False  # tpot is only known at the end
@@ -166,9 +166,10 @@ def _late_for(record: RequestRecord, limit: Limit, now: float) -> bool:
 
 def _count_late(records: Sequence[RequestRecord], ends: list[float | None], limit: Limit,
                 now: float) -> int:
-    """How many ``records`` (finished at ``ends``) :func:`_late_for` calls late at
-    ``now``, an end-to-end limit on arrays: every window counts every request so far,
-    so a load test's windows cost its requests squared."""
+    """How many ``records`` (finished at ``ends``) are late for ``limit`` at ``now``:
+    failed, or over it so far.  An end-to-end limit is counted on arrays (every window
+    counts every request so far, so a load test's windows cost its requests squared),
+    the others by :func:`_late_for`."""
     if limit.metric != "e2e":
         return sum(1 for r in records if _late_for(r, limit, now))
     # None reads as nan, and a nan latency is under any limit, as a missing e2e_s or

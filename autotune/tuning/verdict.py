@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from autotune.core.errors import AutotuneError
-from autotune.core.metrics import Summary, quantile_bounds, quantile_upper_bound
+from autotune.core.metrics import Summary, own_itl, quantile_bounds, quantile_upper_bound
 from autotune.core.records import RequestRecord
 from autotune.core.slo import SLO, Limit, quantile
 from autotune.tuning.pruning import backlog_trend
@@ -791,9 +791,7 @@ def _within(a: _Arrays, idx: np.ndarray, limit: Limit, good: np.ndarray) -> np.n
     if limit.metric == "itl":
         held = np.ones(idx.size, dtype=bool)
         for j in np.nonzero(good)[0].tolist():
-            gaps = a.records[int(idx[j])].itls_s
-            value = quantile(gaps, limit.percentile) if gaps else 0.0
-            held[j] = not value > th
+            held[j] = not own_itl(a.records[int(idx[j])], limit.percentile) > th
         return held
     if limit.metric == "tpot":
         value, known = a.tpot[idx], a.has_tpot[idx]

@@ -154,13 +154,10 @@ def test_endpoints_behave_like_vllm() -> None:
 
 
 def _cache_counters(url: str) -> tuple[float, float]:
-    metrics = httpx.get(url + "/metrics").text
-    got = {}
-    for name in ("queries", "hits"):
-        (line,) = [x for x in metrics.splitlines()
-                   if x.startswith(f"vllm:prefix_cache_{name}_total{{")]
-        got[name] = float(line.rsplit(" ", 1)[1])
-    return got["queries"], got["hits"]
+    from autotune.servers.telemetry import scrape
+
+    m = scrape(url)
+    return m["vllm:prefix_cache_queries_total"], m["vllm:prefix_cache_hits_total"]
 
 
 @pytest.mark.parametrize("caching", [True, False])

@@ -257,20 +257,26 @@ def _new_server(log_dir: Path) -> VllmServer:
         log_dir=log_dir, startup_timeout_s=240, grace_s=15)
 
 
-def _shared_prefix_rounds() -> list[list]:
-    """``ROUNDS + 1`` rounds of whole ShareGPT conversations (each turn resends the
-    history) behind one shared system prompt of half the prompt tokens, replies cut to
-    SHORT_REPLY tokens; the first round is the warm-up."""
+def _conversations(n: int, *, share: float, reply: int, seed: int) -> list:
+    """``n`` turns of whole ShareGPT conversations (each turn resends the history)
+    behind one shared system prompt of ``share`` of the prompt tokens, replies cut to
+    ``reply`` tokens."""
     from dataclasses import replace
 
     from autotune.workload.conversations import load_conversations, with_system_prompt
     from autotune.workload.tokenizer import tokenizer_from_path
 
     tok = tokenizer_from_path(MODEL)
-    wl = load_conversations(tokenizer=tok, num_prompts=(ROUNDS + 1) * PER_ROUND + 40,
-                            max_model_len=1024, seed=3)
-    wl = with_system_prompt(wl, share=0.5, tokenizer=tok, max_model_len=1024, seed=3)
-    reqs = [replace(r, output_tokens=min(r.output_tokens, SHORT_REPLY)) for r in wl.requests]
+    wl = load_conversations(tokenizer=tok, num_prompts=n, max_model_len=1024, seed=seed)
+    wl = with_system_prompt(wl, share=share, tokenizer=tok, max_model_len=1024, seed=seed)
+    return [replace(r, output_tokens=min(r.output_tokens, reply)) for r in wl.requests]
+
+
+def _shared_prefix_rounds() -> list[list]:
+    """``ROUNDS + 1`` rounds of whole conversations behind a system prompt of half the
+    prompt tokens, replies cut to SHORT_REPLY tokens; the first round is the warm-up."""
+    reqs = _conversations((ROUNDS + 1) * PER_ROUND + 40, share=0.5, reply=SHORT_REPLY,
+                          seed=3)
     rounds: list[list] = [[]]
     for r in reqs:  # whole conversations per round: a turn never precedes its history
         if len(rounds[-1]) >= PER_ROUND and r.turn == 0:
@@ -337,19 +343,8 @@ def _simulated(reqs: list, caching: bool) -> dict[str, float]:
 
 
 def _ceiling_pool() -> list:
-    """CEILING_POOL requests of whole ShareGPT conversations behind one system prompt."""
-    from dataclasses import replace
-
-    from autotune.workload.conversations import load_conversations, with_system_prompt
-    from autotune.workload.tokenizer import tokenizer_from_path
-
-    tok = tokenizer_from_path(MODEL)
-    wl = load_conversations(tokenizer=tok, num_prompts=CEILING_POOL, max_model_len=1024,
-                            seed=5)
-    wl = with_system_prompt(wl, share=CEILING_SHARE, tokenizer=tok, max_model_len=1024,
-                            seed=5)
-    return [replace(r, output_tokens=min(r.output_tokens, CEILING_REPLY))
-            for r in wl.requests]
+    """The ceilings' load: CEILING_POOL turns, the system prompt CEILING_SHARE."""
+    return _conversations(CEILING_POOL, share=CEILING_SHARE, reply=CEILING_REPLY, seed=5)
 
 
 class _Turns:

@@ -129,3 +129,60 @@ def test_what_a_search_by_users_cannot_take_is_one_line(tmp_path: Path, args: li
     assert code == 2 and needle in err, err
     assert len(err.strip().splitlines()) == 1
     assert not (tmp_path / "studies").exists()
+
+
+def test_the_pre_screen_of_a_search_by_users_predicts_users_and_seeds_the_real_search(
+        tmp_path: Path) -> None:
+    """The pre-screen searches the same closed loop in virtual time: its top config is
+    enqueued at a whole number of users, the seeded trial's search starts there, and the
+    recommendation shows prediction and measurement in users.  Both studies screen, as
+    a search's do; the simulator stands in for the real server (the same study code)."""
+    import yaml
+
+    from autotune.analysis.recommend import recommend, to_markdown, view_of
+    from autotune.backends.base import LoadPlan
+    from autotune.backends.sim import SimBackend
+    from autotune.core.slo import parse_slo
+    from autotune.study.space import SearchSpace
+    from autotune.study.study import (
+        StudySettings,
+        prescreen_enqueue,
+        rows_from_study,
+        run_study,
+        storage_url,
+    )
+    from autotune.tuning.record import StoredTrial
+    from autotune.workload.sources import Request
+
+    slo = parse_slo("8s")
+    users = LoadUnit.of("users", 5.0, "fixed")
+    space = SearchSpace.from_dict(yaml.safe_load(SPACE), source="two-seqs.yaml")
+    reqs = [Request("x", 256, 128) for _ in range(140)]
+    plan = LoadPlan(slo=slo, requests=reqs[20:], warmup_requests=reqs[:20], warmup=20)
+
+    def settings(name: str, n: int) -> StudySettings:
+        return StudySettings(name=name, slo=slo, space=space, sampler="grid", seed=0,
+                             studies_dir=tmp_path / "studies", gpus=1, n_trials=n,
+                             objective="level", unit=users, screen=True,
+                             storage=storage_url(name, None, tmp_path / "studies"))
+
+    sim = SimBackend("1xa100-80gb", "llama-3-8b")
+    pre = run_study(settings("u-prescreen", 2), sim, plan)
+    rows = rows_from_study(pre.study)
+    picks = prescreen_enqueue(rows, space, top_k=1)
+    assert len(picks) == 1
+    (params, attrs), = picks
+    predicted = attrs["predicted"]["ceiling_rate"]
+    assert predicted == int(predicted) >= 1  # whole users, the simulated trial's own
+    assert predicted == max(r.rate for r in rows if r.feasible)
+
+    real = run_study(settings("u", 2), sim, plan, enqueue=picks)
+    seeded = next(t for t in real.study.get_trials() if "predicted" in t.user_attrs)
+    result = seeded.user_attrs["result"]
+    assert result["start"].startswith("the pre-screen")
+    assert result["ceiling"]["probes"][0]["rate"] == predicted
+    rec = recommend([view_of(StoredTrial.of(t)) for t in real.study.get_trials()],
+                    slo=str(slo), objective=users.label)
+    rec.unit = users.label
+    md = to_markdown(rec)
+    assert "| predicted ceiling (users) | measured at (users) |" in md

@@ -542,8 +542,8 @@ def _md_predicted(rec: Recommendation) -> list[str]:
     return ["", f"## Predicted ({told.get('by') or 'the simulator pre-screen'}, "
             "simulated) vs measured", "",
             "| figure | predicted | measured |", "| --- | --- | --- |",
-            f"| ceiling rate (req/s) | {_num(told.get('ceiling_rate'), '.2f')} | "
-            f"{_num(b.max_feasible_rate, '.2f')} |",
+            f"| ceiling ({rec.unit}) | {rec.level_value(told.get('ceiling_rate'))} | "
+            f"{rec.level_value(b.max_feasible_rate)} |",
             f"| goodput (tok/s) | {_num(told.get('goodput_tokens'))} | "
             f"{_num(b.goodput_tokens)} |",
             f"| P99 e2e (s) | {_num(told.get('p99_e2e_s'), '.2f')} | "
@@ -622,8 +622,8 @@ def _md_predictions(rec: Recommendation) -> list[str]:
     if not rec.predictions:
         return []
     lines = ["", "## Predicted (simulated) vs measured, trial by trial", "",
-             "| trial | predicted by | config | predicted ceiling (req/s) | "
-             "measured at (req/s) | "
+             f"| trial | predicted by | config | predicted ceiling ({rec.unit}) | "
+             f"measured at ({rec.unit}) | "
              "predicted goodput (tok/s) | measured goodput (tok/s) | predicted P99 (s) "
              "| measured P99 (s) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -632,7 +632,7 @@ def _md_predictions(rec: Recommendation) -> list[str]:
         lines.append(
             f"| {r['trial']} | {p.get('by') or 'the simulator pre-screen'} | "
             f"{flags_line(r['config']) or r['config']} | "
-            f"{_num(p.get('ceiling_rate'), '.2f')} | {_num(m.get('rate'), '.2f')} | "
+            f"{rec.level_value(p.get('ceiling_rate'))} | {rec.level_value(m.get('rate'))} | "
             f"{_num(p.get('goodput_tokens'))} | {_num(m.get('goodput_tokens'))} | "
             f"{_num(p.get('p99_e2e_s'), '.2f')} | {_num(m.get('p99_e2e_s'), '.2f')} |")
     return lines

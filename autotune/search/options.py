@@ -122,8 +122,8 @@ class SearchOptions:
                                "vllm")
 
     def _check_unit(self) -> None:
-        """A search by users ranks by users, and what predicts in req/s (the
-        pre-screen, the twin) does not take it yet."""
+        """A search by users ranks by users, and the twin, which predicts in req/s,
+        does not take it yet (the pre-screen searches the same unit in virtual time)."""
         unit = self.unit
         if unit.by == "speed":
             raise OptionsError("search --by speed: a trace's speed is one config's question: "
@@ -136,11 +136,9 @@ class SearchOptions:
         if self.objective != "level":
             raise OptionsError(f"a search --by {unit.by} ranks configs by the {unit.label} "
                                "they sustain: drop --objective")
-        for given, flag in ((self.prescreened, "--prescreen sim"),
-                            (self.twin is not None, "--twin")):
-            if given:
-                raise OptionsError(f"{flag} predicts in req/s, not yet in "
-                                   f"{unit.label}: drop it, or search --by rate")
+        if self.twin is not None:
+            raise OptionsError(f"--twin predicts in req/s, not yet in {unit.label}: drop "
+                               "it, or search --by rate")
 
     @property
     def name(self) -> str:

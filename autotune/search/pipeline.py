@@ -809,7 +809,7 @@ def _print(out: Console, rec: Any, folder: Path) -> None:
         # A figure the prediction lacks is left out, never printed as 0.
         p99 = (f", P99 {p['p99_e2e_s']:.2f} s" if p.get("p99_e2e_s") else "")
         out.print(f"  predicted by {p.get('by') or 'the simulator pre-screen'}: ceiling "
-                  f"{p.get('ceiling_rate') or 0:.2f} req/s, goodput "
+                  f"{rec.level(p.get('ceiling_rate') or 0)}, goodput "
                   f"{p.get('goodput_tokens') or 0:,.0f} tok/s{p99}"
                   " (simulated) vs measured above", soft_wrap=True)
     ratio = rec.vs_baseline.get("objective_ratio")

@@ -15,6 +15,7 @@ from autotune.tuning.sequential import (
     PASS,
     ExceedanceTest,
     SequentialError,
+    clustering,
     dispersion,
     judge_series,
     operating_point,
@@ -152,3 +153,32 @@ def test_swings_longer_than_the_batches_do_not_pass_by_luck() -> None:
              for j in range(x.shape[1])]
     assert whole.count(PASS) / 160 <= 0.05 + 2 * math.sqrt(0.05 * 0.95 / 160)
     assert local.count(PASS) / 160 >= 0.08  # what the growth prevents
+
+
+def _schedule(n: int, median: float, rise: float) -> np.ndarray:
+    """Latencies of a steady closed loop of identical requests: ``median`` with a slow
+    deterministic pattern of height ``rise`` over the test (where each request falls in
+    the batch schedule), and float noise."""
+    i = np.arange(n)
+    noise = np.random.default_rng(1).normal(0.0, 1e-6 * rise, n)
+    return median + rise * np.maximum(np.sin(2 * np.pi * i / 900), 0.0) ** 4 + noise
+
+
+def test_a_schedule_far_under_the_limit_is_no_clustering_but_a_swing_toward_it_is() -> None:
+    """A pattern that moves the latency by less than 1% of the way to the limit is the
+    schedule's, and passes as independent requests would (it read as x40 and more); the
+    same pattern reaching most of the way to the limit still counts as a slow swing."""
+    tight = _schedule(3000, 1.51, 0.003)
+    assert clustering(tight, 8.0) == pytest.approx(1.0)
+    assert judge_series(P99, tight, 8.0, look=100)[0] == PASS
+    swing = _schedule(3000, 1.51, 5.0)
+    assert clustering(swing, 8.0) > 10.0
+
+
+def test_latencies_equal_to_float_noise_are_no_exceedances_of_each_other() -> None:
+    """The simulator's identical requests end at one latency to 13 digits: the noise in
+    the last digits, patterned by the schedule, is no clustering."""
+    i = np.arange(3000)
+    atom = 6.914467327291959 + 1e-13 * (i // 150 % 7)  # read as x236 before
+    v = np.where(i % 10 < 6, 5.74, atom)
+    assert clustering(v, 8.0) == pytest.approx(1.0)

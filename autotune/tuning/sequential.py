@@ -239,6 +239,10 @@ def dispersion(indicators: np.ndarray, batches: int = 20) -> float:
 # growth is read over.
 _BASE_BATCHES, _FINE_BATCHES = 10, 20
 _SLOPE_BATCHES = (40, 20, 10, 5)
+# A frequent level's least rise over the median, as a share of the way to the limit,
+# and the relative width of a tie (see _frequent_levels and _over).
+_TAIL_RISE = 0.01
+_TIE = 1e-9
 # The prefixes (shares of the judged requests) whose estimates are averaged.
 _PREFIXES = (0.8, 0.85, 0.9, 0.95, 1.0)
 
@@ -271,8 +275,8 @@ def local_clustering(values: np.ndarray, threshold: float) -> float:
     v = np.asarray(values, dtype=float)
     if v.size < 2 * _FINE_BATCHES:
         return 1.0
-    return max(dispersion(v > lv, _FINE_BATCHES)
-               for lv in [threshold] + _frequent_levels(v))
+    return max(dispersion(_over(v, lv), _FINE_BATCHES)
+               for lv in [threshold] + _frequent_levels(v, threshold))
 
 
 def _clustering_now(v: np.ndarray, threshold: float) -> float:
@@ -283,8 +287,8 @@ def _clustering_now(v: np.ndarray, threshold: float) -> float:
     the sample to all of it (see :func:`_growth`)."""
     if v.size < 2 * _FINE_BATCHES:
         return 1.0
-    frequent = _frequent_levels(v)
-    running = {lv: _running(v > lv) for lv in [threshold, *frequent]}
+    frequent = _frequent_levels(v, threshold)
+    running = {lv: _running(_over(v, lv)) for lv in [threshold, *frequent]}
     base = max(_overlapping(r, _BASE_BATCHES) for r in running.values())
     return base * float(_BASE_BATCHES) ** _growth(v.size, [running[lv] for lv in frequent])
 
@@ -305,13 +309,29 @@ def drifted(levels: tuple[float, ...], ratio: float = 1.5) -> bool:
     return bool(levels) and min(levels) > 0 and max(levels) / min(levels) > ratio
 
 
-def _frequent_levels(v: np.ndarray) -> list[float]:
+def _frequent_levels(v: np.ndarray, threshold: float) -> list[float]:
+    """The 90th and 95th percentiles of ``v`` that rise above its median by more than
+    ``_TAIL_RISE`` of the way to ``threshold``.
+
+    A level closer to the median marks how a steady schedule orders its requests, not a
+    swing that could carry them to the limit: in a closed loop of identical requests on
+    the simulator the 95th percentile was 3.5 ms over a median of 1.51 s, under an 8 s
+    limit, and its indicator's pattern over the test read as a clustering of x100, so a
+    test with none of 2,713 requests over the limit could not pass."""
     finite = v[np.isfinite(v)]
     if not finite.size:
         return []
     mid, *tail = (float(q) for q in np.quantile(finite, (0.5, 0.90, 0.95)))
-    # A level within rounding of the median marks noise, not a tail.
-    return [lv for lv in tail if lv > mid + 1e-6 * abs(mid)]
+    rise = max(1e-6 * abs(mid), _TAIL_RISE * (threshold - mid))
+    return [lv for lv in tail if lv > mid + rise]
+
+
+def _over(v: np.ndarray, level: float) -> np.ndarray:
+    """Which of ``v`` exceed ``level``, values within ``_TIE`` of it counting as at it:
+    identical requests on the simulator end within float noise of each other, and that
+    noise is no exceedance (at 60 users, the 90th percentile and the maximum were the
+    same latency to 13 digits, and the noise's pattern read as a clustering of x100)."""
+    return v > level + _TIE * abs(level)
 
 
 def _running(indicators: np.ndarray) -> np.ndarray:

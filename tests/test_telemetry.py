@@ -148,6 +148,38 @@ def wait_until_busy(url: str) -> bool:
     return False
 
 
+def test_a_metrics_endpoint_too_slow_to_answer_by_the_deadline_is_busy_not_gone():
+    """A loaded server answers /metrics late: past the deadline that is "still busy"
+    (the full suite once failed here, its fake server starved for over 0.5 s), and a
+    refused connection is still a TelemetryError."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release = threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            release.wait(5.0)  # answers only once the test has seen the timeout
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"vllm:num_requests_running 1\nvllm:num_requests_waiting 0\n")
+
+        def log_message(self, *args: object) -> None:
+            return None
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        with pytest.raises(TimeoutError, match="did not answer within 0.5s"):
+            wait_idle(url, timeout_s=0.1, interval_s=0.02)
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
+    with pytest.raises(TelemetryError, match="cannot scrape"):
+        wait_idle(url, timeout_s=0.1, interval_s=0.02)
+
+
 def test_wait_idle_rejects_endpoint_without_vllm_metrics(monkeypatch):
     monkeypatch.setattr(telemetry, "scrape", lambda url, client=None, timeout_s=5.0: {})
     with pytest.raises(TelemetryError, match="num_requests_running"):

@@ -485,18 +485,27 @@ def wait_idle(url: str, timeout_s: float = 60.0, interval_s: float = 0.2, *,
               alive: Callable[[], bool] | None = None) -> float:
     """Poll ``/metrics`` until no request is running or waiting; return seconds waited.
 
-    Raises ``TimeoutError`` if still busy after ``timeout_s``, and ``TelemetryError``
-    if the endpoint does not expose ``vllm:num_requests_running``/``_waiting``, or
-    cannot be read once ``alive`` (the server's process) says False.
+    Raises ``TimeoutError`` if still busy after ``timeout_s`` (a ``/metrics`` that is
+    too slow to answer by then counts as busy: a loaded server answers late, it is not
+    gone), and ``TelemetryError`` if the endpoint does not expose
+    ``vllm:num_requests_running``/``_waiting``, cannot be read by then for another
+    reason, or cannot be read once ``alive`` (the server's process) says False.
     """
     t0 = time.monotonic()
     last: dict[str, float | None] = {}
-    with httpx.Client(timeout=min(5.0, max(timeout_s, 0.5)), trust_env=False) as client:
+    per_read = min(5.0, max(timeout_s, 0.5))
+    with httpx.Client(timeout=per_read, trust_env=False) as client:
         while True:
             try:
                 last = engine_figures(scrape(url, client))
-            except TelemetryError:
-                if time.monotonic() - t0 >= timeout_s or (alive is not None and not alive()):
+            except TelemetryError as exc:
+                if alive is not None and not alive():
+                    raise
+                if time.monotonic() - t0 >= timeout_s:
+                    if isinstance(exc.__cause__, httpx.TimeoutException):
+                        raise TimeoutError(
+                            f"server at {url} still busy after {timeout_s:g}s (its "
+                            f"/metrics did not answer within {per_read:g}s)") from exc
                     raise
             else:
                 if last["running"] is None or last["waiting"] is None:

@@ -254,3 +254,16 @@ def test_signal_handlers_are_explicit_and_respect_ignored_signals() -> None:
     t.start()
     t.join()
     assert off_main == [False]
+
+
+def test_cpu_seconds_counts_what_a_process_spent_and_skips_one_gone() -> None:
+    """The CPU a process group used, as the prefix-caching test compares two servers
+    by: it grows by what this process spends, and a pid gone since is no error."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # reaped: its pid is gone
+    before = process.cpu_seconds([os.getpid(), child.pid])
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.3:
+        sum(range(10_000))
+    spent = process.cpu_seconds([os.getpid(), child.pid]) - before
+    assert 0.2 < spent < 5.0

@@ -301,19 +301,6 @@ def _counters(url: str) -> dict[str, float]:
         "time_to_first_token_seconds_sum", "time_to_first_token_seconds_count")}
 
 
-def _cpu_s(server: VllmServer) -> float:
-    """CPU seconds the server's processes have used (user and system, from /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in server.group_pids():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended since it was listed
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / tick
-
-
 def _round(server: VllmServer, reqs: list) -> dict[str, float]:
     """One round on one server: req/s (client), the server's CPU seconds, and the
     engine's TTFT mean and prefix cache hits and queries over it (vLLM's /metrics: the
@@ -321,11 +308,12 @@ def _round(server: VllmServer, reqs: list) -> dict[str, float]:
     model may send late)."""
     from autotune.client.loadgen import LoadTestConfig, run_load_test_sync
     from autotune.core.metrics import summarize
+    from autotune.servers.process import cpu_seconds
 
-    before, cpu = _counters(server.endpoint), _cpu_s(server)
+    before, cpu = _counters(server.endpoint), cpu_seconds(server.group_pids())
     res = run_load_test_sync(LoadTestConfig(url=server.endpoint, users=USERS, warmup=0,
                                             seed=0, request_timeout_s=120), reqs)
-    cpu = _cpu_s(server) - cpu
+    cpu = cpu_seconds(server.group_pids()) - cpu
     d = {k: v - before[k] for k, v in _counters(server.endpoint).items()}
     s = summarize(res.records)
     assert s.num_completed == len(reqs) and s.num_failed == 0

@@ -43,15 +43,21 @@ log = logging.getLogger("autotune.servers.process")
 # ----------------------------------------------------------------------------- /proc
 
 
-def proc_stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, ppid, pgrp) of a process, None if gone."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first), None if
+    gone."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
     # The command name may hold spaces and parentheses: split after the last ')'.
-    rest = raw[raw.rfind(")") + 2 :].split()
-    return rest[0], int(rest[1]), int(rest[2])
+    return raw[raw.rfind(")") + 2 :].split()
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, ppid, pgrp) of a process, None if gone."""
+    rest = _stat_fields(pid)
+    return None if rest is None else (rest[0], int(rest[1]), int(rest[2]))
 
 
 def all_pids() -> list[int]:
@@ -100,6 +106,16 @@ def rss_bytes(pids: Sequence[int]) -> int:
         except OSError:
             continue
     return total
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU seconds ``pids`` have used (those gone since are skipped)."""
+    ticks = 0
+    for pid in pids:
+        rest = _stat_fields(pid)
+        if rest is not None:
+            ticks += int(rest[11]) + int(rest[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def signal_pids(pids: Iterable[int], sig: int) -> None:

@@ -35,10 +35,12 @@ def hidden_profile(folder: Path) -> Path:
     return path
 
 
-# Real time: the fit reads the simulator's HTTP server's own timing.  In a full run of
-# 2026-12-06 (3 xdist workers on 2 cores) its saturation test missed the fitted profile
-# by more than 25%, with other tests beside it; the heaviest of them, a real vLLM server
-# on both cores, can no longer be: the "vllm" group runs on one worker, a test at a time.
+# Real time: the fit reads the simulator's HTTP server's own timing, and a loaded host
+# stalls it.  CI of 2026-12-08 failed here: its saturation test missed the fitted profile
+# by more than 25%, as it did here with the server stopped 120 ms in every 1.4 s (the
+# short Poisson tests' mean TTFT rose 50-100%, and the fit chased it with the front end).
+# The fit now reads TTFT and TPOT over the fastest 90% of requests: with those stalls,
+# the worst figure of 4 runs missed by 7-15%, against 14-27% before.
 @pytest.mark.xdist_group("vllm")
 def test_calibrate_fits_the_hidden_server_and_writes_a_profile_the_simulator_reads(
         tmp_path: Path) -> None:
@@ -70,7 +72,7 @@ def test_calibrate_fits_the_hidden_server_and_writes_a_profile_the_simulator_rea
     sat = fit["tests"][0]
     assert abs(sat["prior_errors"]["output_throughput"]) > 0.3
     for t in fit["tests"]:
-        assert all(abs(e) < 0.25 for e in t["errors"].values()), t
+        assert all(abs(e) < 0.25 for e in t["errors"].values()), (t["label"], t["errors"])
         assert t["rms_log_error"] < t["prior_rms_log_error"] / 3
     factors = {f["name"]: f for f in fit["factors"]}
     # What these tests identify moves the right way: the hidden host overheads (x2) and

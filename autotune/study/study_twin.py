@@ -44,6 +44,7 @@ from autotune.sim.profiles import HardwareProfile, ModelProfile
 from autotune.study.study import prescreen_enqueue, rate_bounds, rows_from_study, run_study
 from autotune.tuning.record import stored_trials
 from autotune.tuning.twin import (
+    FIGURES,
     ObservedTest,
     TwinError,
     TwinFit,
@@ -305,7 +306,7 @@ def _rms(tests: Sequence[ObservedTest], profile: HardwareProfile, model: ModelPr
             sim = resimulate(t, profile, model).figures
         except TwinError:
             continue
-        for name in ("output_throughput", "mean_ttft_s", "mean_tpot_s", "p50_e2e_s"):
+        for name in FIGURES:
             m, s = t.measured.value(name), sim.value(name)
             if math.isfinite(m) and math.isfinite(s) and m > 0 and s > 0:
                 errs.append(math.log(s / m))

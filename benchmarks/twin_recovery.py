@@ -152,15 +152,13 @@ def real_trial(arg: tuple[str, int]) -> dict[str, Any]:
     flags = sc.space().server_flags(params)
     t0 = time.process_time()
     backend = SimBackend(hidden_profile(sc), sc.model)
-    pool = list(plan.warmup_requests) + list(plan.requests)
     a = _search_args(sc)
     # The verdict rule a trial's search uses (and predict_ceiling): its pass decisions
     # share the false-pass rate over the search's probes.  With the plan's own rule the
     # truth was another search than the prediction's: 8.38 req/s for the smoke
     # scenario's 2-seq configs, where the prediction on the hidden profile is 9.21.
-    probe = BackendProbe(backend, flags, plan.slo, pool, warmup=plan.warmup, seed=plan.seed,
-                         window_s=plan.window_s, request_timeout_s=plan.request_timeout_s,
-                         steady=search_steady(plan.steady, a["max_probes"]))
+    probe = BackendProbe.for_plan(backend, flags, plan,
+                                  steady=search_steady(plan.steady, a["max_probes"]))
     ceiling = find_ceiling(probe, slo=plan.slo, start_rate=None, tol=a["tol"],
                            max_probes=a["max_probes"], num_prompts=len(plan.requests),
                            max_num_prompts=max(len(plan.requests), 2400),

@@ -415,16 +415,13 @@ class Objective:
     def search(self, trial: optuna.Trial, flags: Mapping[str, Any]) -> ConfigOutcome:
         start, must_pass, why, floor = self.start_rate(trial, flags)
         plan = self.plan
-        pool = list(plan.warmup_requests) + list(plan.requests)
         steady = search_steady(plan.steady, self.s.max_probes)
         tol, max_probes = self.s.tol, self.s.max_probes
         if self.s.screen and steady is not None:
             steady = screening(steady, plan.slo)
             tol, max_probes = max(tol, SCREEN_TOL), min(max_probes, SCREEN_PROBES)
-        probe = BackendProbe(self.backend, flags, plan.slo, pool, warmup=plan.warmup,
-                             seed=plan.seed, window_s=plan.window_s,
-                             request_timeout_s=plan.request_timeout_s, steady=steady,
-                             deadline_s=self.deadline_s, unit=self.s.unit)
+        probe = BackendProbe.for_plan(self.backend, flags, plan, steady=steady,
+                                      deadline_s=self.deadline_s, unit=self.s.unit)
         progress = self.on_progress
         if progress is not None:
             probe.on_evidence = lambda rate, ev: progress(trial.number, rate, ev)
@@ -984,11 +981,8 @@ def _refine_probe(backend: Backend, config: dict[str, Any], plan: LoadPlan, stea
                   unit: LoadUnit = RATE) -> Any:
     """One config's probe over the whole pool (warm-up included), reporting its running
     evidence under the trial's number."""
-    pool = list(plan.warmup_requests) + list(plan.requests)
-    probe = BackendProbe(backend, config, plan.slo, pool, warmup=plan.warmup,
-                         seed=plan.seed, window_s=plan.window_s,
-                         request_timeout_s=plan.request_timeout_s, steady=steady,
-                         deadline_s=deadline_s, unit=unit)
+    probe = BackendProbe.for_plan(backend, config, plan, steady=steady,
+                                  deadline_s=deadline_s, unit=unit)
     if on_progress is not None:
         probe.on_evidence = functools.partial(on_progress, number)
     return probe

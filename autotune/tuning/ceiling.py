@@ -1522,6 +1522,19 @@ class BackendProbe:
         # cache, which a replay of the test would not see.
         self.fresh = fresh
 
+    @classmethod
+    def for_plan(cls, backend: Any, flags: Mapping[str, Any], plan: LoadPlan, *,
+                 steady: Any, deadline_s: float | None = None,
+                 unit: LoadUnit = RATE) -> BackendProbe:
+        """A probe over ``plan``'s whole pool (its warm-up requests first) with the
+        plan's SLO, warm-up, seed, window and request timeout; ``steady``: the verdict
+        rule its tests sized by time use (a search's is ``search_steady`` of the
+        plan's)."""
+        return cls(backend, flags, plan.slo, [*plan.warmup_requests, *plan.requests],
+                   warmup=plan.warmup, seed=plan.seed, window_s=plan.window_s,
+                   request_timeout_s=plan.request_timeout_s, steady=steady,
+                   deadline_s=deadline_s, unit=unit)
+
     def _from_cursor(self, rate: float) -> bool:
         """Whether a fixed-count test at ``rate`` takes its requests from the cursor:
         the saturation test always, the others when ``fresh``."""

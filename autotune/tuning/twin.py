@@ -92,10 +92,10 @@ class TwinError(AutotuneError, ValueError):
 class Figures:
     """What one load test measured over its scored (completed) requests.
 
-    The definitions of ``metrics.summarize`` over those requests: output tokens per
-    second from the first send to the last end, TTFT and TPOT (vLLM's, over requests
-    with 2+ output tokens; nan when none has) as means over the fastest 90% of requests
-    (``TRIM_KEEP``), median E2E.
+    Output tokens per second from the first send to the last end and median E2E, as
+    ``metrics.summarize`` defines them; each request's TTFT and TPOT (vLLM's, TPOT
+    over requests with 2+ output tokens; nan when none has) averaged over the fastest
+    90% of requests (``TRIM_KEEP``), where ``summarize`` averages them all.
     """
 
     output_throughput: float
@@ -353,10 +353,9 @@ def observations_from_stored(trial: StoredTrial, plan: LoadPlan, *, cap: int = 3
         return []
     probes = [p for p in trial.probes() if p.get("rate") == rate]
     n = int(max((p.get("num_prompts") or 0 for p in probes), default=0)) or len(plan.requests)
-    pool = list(plan.warmup_requests) + list(plan.requests)
     at = next((p.get("pool_at") for p in reversed(probes) if p.get("pool_at")), None)
-    probe_plan = BackendProbe(None, trial.flags, plan.slo, pool, warmup=plan.warmup,
-                              seed=plan.seed, steady=plan.steady).plan(n, 0, rate, at=at)
+    probe_plan = BackendProbe.for_plan(None, trial.flags, plan,
+                                       steady=plan.steady).plan(n, 0, rate, at=at)
     return [ObservedTest.from_records(
         flags=trial.flags, rate=rate, requests=sent_requests(probe_plan, rate),
         records=read_records(str(path)), warmup=probe_plan.warmup_at(rate), cap=cap,
@@ -777,11 +776,8 @@ def predict_ceiling(profile: HardwareProfile, model: ModelProfile, flags: Mappin
     plan), on the simulator with ``profile``, in virtual time."""
     cpu0 = time.process_time()
     backend = create_backend(BackendSpec(kind="sim", hardware=profile, sim_model=model))
-    pool = list(plan.warmup_requests) + list(plan.requests)
-    probe = BackendProbe(backend, flags, plan.slo, pool, warmup=plan.warmup,
-                         seed=plan.seed, window_s=plan.window_s,
-                         request_timeout_s=plan.request_timeout_s,
-                         steady=search_steady(plan.steady, max_probes))
+    probe = BackendProbe.for_plan(backend, flags, plan,
+                                  steady=search_steady(plan.steady, max_probes))
     ceiling = find_ceiling(probe, slo=plan.slo, start_rate=start_rate, tol=tol,
                            max_probes=max_probes, num_prompts=max(len(plan.requests), 1),
                            max_num_prompts=max(len(plan.requests), 2400), headroom=headroom,

@@ -217,7 +217,7 @@ class SweepPoint:
         s, t = self.summary, self.result.telemetry
         value: Any = None
         if key in ("gpu_util_mean_pct", "kv_usage_mean", "kv_usage_max", "running_max",
-                   "preemptions"):
+                   "batch_mean", "preemptions"):
             value = t.get(key)
         elif s is None:
             value = None
@@ -256,7 +256,7 @@ class SweepPoint:
         for key in ("request_throughput", "output_throughput", "total_token_throughput",
                     "p99_e2e_s", "p99_e2e_lo_s", "p99_e2e_hi_s", "p99_ttft_s",
                     "goodput_tokens", "gpu_util_mean_pct", "kv_usage_mean", "kv_usage_max",
-                    "running_max",
+                    "running_max", "batch_mean",
                     "preemptions", "send_lag_p99_s"):
             v = self.fig(key)
             row[key] = None if not math.isfinite(v) else v
@@ -396,6 +396,15 @@ def _counter_deltas(before: str, after: str) -> dict[str, Any]:
     preemptions = ea.get("preemptions")
     if preemptions is not None:
         out["preemptions"] = preemptions - (eb.get("preemptions") or 0.0)
+    # The batch the config ran: tokens generated per engine step, as vLLM's counters saw
+    # every step.  The gauge vllm:num_requests_running is only what the 0.5 s scrapes
+    # caught: in a full test run here they missed every busy moment of a 3 s test at
+    # max_num_seqs 16 and read 1.
+    steps = (a.get("vllm:iteration_tokens_total_count", 0.0)
+             - b.get("vllm:iteration_tokens_total_count", 0.0))
+    generated = ea.get("generation_tokens")
+    if steps > 0 and generated is not None:
+        out["batch_mean"] = (generated - (eb.get("generation_tokens") or 0.0)) / steps
     name = "vllm:request_queue_time_seconds"
     n = a.get(name + "_count", 0.0) - b.get(name + "_count", 0.0)
     if n > 0:
